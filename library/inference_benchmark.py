@@ -1,0 +1,670 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Ansible module inference_benchmark: smoke benchmark of an OpenAI-compatible chat completions endpoint."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: inference_benchmark
+short_description: Measure TTFT, TPOT and decode speed of an OpenAI-compatible LLM endpoint
+description:
+  - Sends streaming chat completions (C(POST /v1/chat/completions) with C(stream=true)) to the service and
+    times each one from just before the connection is opened, on the managed host itself.
+  - Per request it measures TTFT (time to the first content delta), end-to-end latency (to the end of the
+    stream), the output token count, the inter-token latencies (ITL, gaps between content deltas), TPOT
+    (time per output token after the first, C((e2e - ttft) / (tokens - 1))) and the decode speed
+    C((tokens - 1) / (e2e - ttft)) in tokens/s. Reasoning deltas (C(reasoning_content)) count as content.
+  - Output tokens come from the C(usage.completion_tokens) of the stream (asked for with
+    C(stream_options.include_usage)); a server that sends no usage is counted by content deltas, which
+    undercounts when one delta carries several tokens. RV(token_count_source) says which was used.
+  - Runs C(warmup) unrecorded requests first, then C(requests) requests at each level of C(concurrency).
+    Requests cycle through C(prompts) from the first one at every level, so levels and runs are comparable.
+  - Percentiles are C(statistics.quantiles(values, n=100, method="inclusive")), the linear interpolation
+    between closest ranks that C(numpy.percentile) uses by default; one value is its own percentile.
+  - Records the host load average (C(os.getloadavg())) before and after, and warns when the 1-minute load
+    before the run is at least half the CPU count: another busy process on a small machine lowers decode
+    speed more than any tuning changes it.
+  - Never changes the host, so C(changed) is always false, also when O(report_path) is written (the report
+    is an output of the measurement, not managed state). In check mode no request is sent and the result
+    is RV(skipped).
+  - Only the Python standard library is used (C(http.client), C(concurrent.futures)): it runs with the
+    managed host's system python3.
+version_added: "0.1.0"
+author: llmtune project
+options:
+  url:
+    description:
+      - Base URL of the service, without C(/v1) (a trailing C(/v1) is ignored). C(http) or C(https).
+    type: str
+    default: http://127.0.0.1:8000
+  model:
+    description:
+      - Model id sent in each request. Default the first id listed by C(GET /v1/models).
+    type: str
+  api_key:
+    description:
+      - Sent as C(Authorization: Bearer) when set.
+    type: str
+  prompts:
+    description:
+      - User messages to send, one per request, cycled. Default 50 short everyday questions, half in
+        Chinese and half in English, as users ask a small chat model.
+    type: list
+    elements: str
+  max_tokens:
+    description:
+      - C(max_tokens) of each request, in tokens. Generation may stop earlier at an end-of-sequence token.
+    type: int
+    default: 64
+  requests:
+    description:
+      - Recorded requests at each concurrency level.
+    type: int
+    default: 8
+  concurrency:
+    description:
+      - Concurrency levels to run, each with O(requests) requests and that many requests in flight.
+      - RV(summary) uses level 1 (or the lowest level when 1 is not listed).
+    type: list
+    elements: int
+    default: [1]
+  warmup:
+    description:
+      - Unrecorded requests sent one at a time before the first level (first-request costs such as
+        lazy initialisation and page faults in the weights would otherwise skew TTFT).
+    type: int
+    default: 1
+  timeout:
+    description:
+      - Seconds to wait for the connection and then for each piece of the stream.
+    type: float
+    default: 120
+  include_usage:
+    description:
+      - Send C(stream_options.include_usage=true) so the server reports exact token counts. Turn off only
+        for a server that rejects the field.
+    type: bool
+    default: true
+  baseline:
+    description:
+      - A previous result of this module (or its RV(summary)) to compare with; fills RV(gain).
+    type: dict
+  report_path:
+    description:
+      - Write the result as JSON to this file, creating its parent directories. Written also when
+        O(fail_below) fails the task.
+    type: path
+  fail_below:
+    description:
+      - Minimum ratio to O(baseline) per RV(summary) figure, for example C({decode_tokens_per_s: 0.9}). The
+        ratio is the RV(gain) (latencies baseline/new, rates new/baseline: above 1 is better). A figure below
+        its minimum fails the task with a message naming the figure, its value, the baseline and the ratio.
+      - Needs O(baseline). Checked before any request is sent.
+    type: dict
+notes:
+  - The task fails when every request of a level fails (unreachable service, HTTP errors, timeouts); failed
+    requests of a partly failing level are counted in RV(levels[].errors) and reported as a warning.
+seealso:
+  - name: OpenAI API, streaming chat completions
+    link: https://platform.openai.com/docs/api-reference/chat-streaming
+"""
+
+EXAMPLES = r"""
+- name: Baseline of the untuned service
+  inference_benchmark:
+    url: http://127.0.0.1:8000
+    max_tokens: 64
+    requests: 8
+    concurrency: [1, 2]
+    report_path: /var/lib/llmtune/bench/baseline.json
+  register: llmtune_baseline
+
+- name: Validate the tuned service, fail if decode speed dropped below 90 % of the baseline
+  inference_benchmark:
+    url: http://127.0.0.1:8000
+    model: /opt/llmtune/models/qwen3-0.6b
+    requests: 8
+    concurrency: [1, 2]
+    baseline: "{{ llmtune_baseline }}"
+    fail_below:
+      decode_tokens_per_s: 0.9
+      ttft_ms_p50: 0.8
+    report_path: /var/lib/llmtune/bench/tuned.json
+
+- name: Smoke test with own prompts
+  inference_benchmark:
+    prompts: ["What is a C-state?", "用一句话解释什么是 NUMA。"]
+    max_tokens: 32
+    requests: 4
+    warmup: 0
+"""
+
+RETURN = r"""
+url:
+  description: Base URL used.
+  returned: success
+  type: str
+model:
+  description: Model id sent.
+  returned: success
+  type: str
+skipped:
+  description: True in check mode, where no request is sent.
+  returned: check mode
+  type: bool
+token_count_source:
+  description: C(usage) when every token count came from the server's usage, C(deltas) when all were
+    counted as content deltas, C(mixed) otherwise.
+  returned: success
+  type: str
+percentile_method:
+  description: How percentiles were computed.
+  returned: success
+  type: str
+  sample: statistics.quantiles(n=100, method='inclusive')
+max_tokens:
+  description: C(max_tokens) sent with each request.
+  returned: success
+  type: int
+started:
+  description: UTC start time of the run, ISO 8601.
+  returned: success
+  type: str
+host_load:
+  description: Host load while measuring.
+  returned: success
+  type: dict
+  contains:
+    cpus:
+      description: C(os.cpu_count()).
+      type: int
+    loadavg_before:
+      description: 1, 5 and 15-minute load averages before the first request.
+      type: list
+      elements: float
+    loadavg_after:
+      description: The same after the last request.
+      type: list
+      elements: float
+levels:
+  description: Figures per concurrency level, in the order of O(concurrency). Percentile keys are
+    C(p50), C(p95), C(p99); a figure without data (all requests failed) is null.
+  returned: success
+  type: list
+  elements: dict
+  contains:
+    concurrency:
+      description: Requests in flight.
+      type: int
+    requests:
+      description: Requests sent.
+      type: int
+    errors:
+      description: Requests that failed (connection, HTTP status, timeout, empty stream).
+      type: int
+    error_messages:
+      description: Up to 5 distinct error messages.
+      type: list
+      elements: str
+    wall_s:
+      description: Seconds from the first request sent to the last stream ended.
+      type: float
+    ttft_ms:
+      description: Time to first token in milliseconds, C(p50), C(p95), C(p99).
+      type: dict
+    itl_ms:
+      description: Inter-token latency in milliseconds (gaps between content deltas of all requests),
+        C(p50), C(p95).
+      type: dict
+    tpot_ms:
+      description: Time per output token after the first, per request, in milliseconds, C(p50), C(p95).
+      type: dict
+    e2e_ms:
+      description: End-to-end request latency in milliseconds, C(p50), C(p95).
+      type: dict
+    decode_tokens_per_s:
+      description: Per-request decode speed in tokens/s, C(p50) and C(mean).
+      type: dict
+    output_tokens:
+      description: Output tokens of all successful requests.
+      type: int
+    prompt_tokens_mean:
+      description: Mean prompt tokens per request from the server's usage (null without usage).
+      type: float
+    output_tokens_per_s:
+      description: Aggregate throughput, output tokens of the level divided by RV(levels[].wall_s).
+      type: float
+    requests_per_s:
+      description: Successful requests divided by RV(levels[].wall_s).
+      type: float
+    samples:
+      description: Per successful request, in start order, C(ttft_ms), C(e2e_ms), C(output_tokens),
+        C(decode_tokens_per_s).
+      type: list
+      elements: dict
+summary:
+  description: Figures of concurrency level 1 (or the lowest level), flat, for comparison across runs.
+  returned: success
+  type: dict
+  sample:
+    concurrency: 1
+    ttft_ms_p50: 61.2
+    ttft_ms_p95: 70.3
+    itl_ms_p50: 39.8
+    tpot_ms_p50: 40.1
+    e2e_ms_p50: 2588.0
+    decode_tokens_per_s: 24.9
+    decode_tokens_per_s_mean: 24.7
+    output_tokens_per_s: 24.2
+    requests_per_s: 0.38
+    errors: 0
+gain:
+  description: Ratios to O(baseline) per RV(summary) figure; above 1 is better. Latencies (C(_ms)) are
+    baseline/new, rates (C(_per_s)) new/baseline. Empty without a baseline.
+  returned: success
+  type: dict
+  sample: {decode_tokens_per_s: 1.18, ttft_ms_p50: 1.25}
+report_path:
+  description: File the result was written to.
+  returned: when O(report_path) is set
+  type: str
+"""
+
+import datetime
+import http.client
+import json
+import os
+import statistics
+import time
+import urllib.parse
+from concurrent.futures import ThreadPoolExecutor
+
+from ansible.module_utils.basic import AnsibleModule
+
+DEFAULT_PROMPTS = [
+    "What is the capital of Australia?",
+    "How do I boil an egg so the yolk stays soft?",
+    "Explain what a CPU cache is in two sentences.",
+    "What is the difference between a virus and a bacterium?",
+    "Give me three tips for sleeping better.",
+    "How many minutes are there in a week?",
+    "What does HTTP stand for?",
+    "Write a haiku about autumn rain.",
+    "Why is the sky blue?",
+    "How do I reverse a list in Python?",
+    "What is a good name for a grey cat?",
+    "Summarize the plot of Romeo and Juliet in one sentence.",
+    "How far is the Moon from the Earth?",
+    "What is the boiling point of water at high altitude?",
+    "Translate 'good morning' into French and Spanish.",
+    "What is compound interest?",
+    "How can I make my laptop battery last longer?",
+    "Suggest a quick vegetarian dinner.",
+    "What is the difference between RAM and storage?",
+    "Who wrote Pride and Prejudice?",
+    "How do vaccines work?",
+    "What is the Linux command to list hidden files?",
+    "Give me a short motivational quote.",
+    "Why do leaves change color in autumn?",
+    "How should I prepare for a job interview?",
+    "今天天气怎么样？适合出去散步吗？",
+    "请用一句话解释什么是人工智能。",
+    "北京有哪些值得去的景点？",
+    "怎样做一碗好吃的番茄炒蛋？",
+    "给我推荐三本适合入门的编程书。",
+    "感冒了应该注意什么？",
+    "如何提高英语口语水平？",
+    "什么是通货膨胀？",
+    "帮我写一句生日祝福语。",
+    "为什么要多喝水？",
+    "长城有多长？",
+    "怎么学习 Python 最快？",
+    "请解释一下光合作用。",
+    "周末在家可以做些什么有意思的事？",
+    "如何缓解工作压力？",
+    "中国的四大发明是什么？",
+    "请介绍一下月饼的由来。",
+    "怎样养成早起的习惯？",
+    "手机电池不耐用怎么办？",
+    "什么是区块链？用简单的话说。",
+    "给我讲一个简短的笑话。",
+    "学习数学有什么好方法？",
+    "上海到杭州坐高铁要多久？",
+    "如何挑选一个好西瓜？",
+    "请把“谢谢你的帮助”翻译成英文。",
+]
+
+PERCENTILE_METHOD = "statistics.quantiles(n=100, method='inclusive')"
+# Summary figures with a gain: for latencies lower is better (gain baseline/new), for rates higher (new/baseline).
+LATENCY_FIGURES = ("ttft_ms_p50", "ttft_ms_p95", "itl_ms_p50", "tpot_ms_p50", "e2e_ms_p50")
+RATE_FIGURES = ("decode_tokens_per_s", "decode_tokens_per_s_mean", "output_tokens_per_s", "requests_per_s")
+
+
+class BenchmarkError(Exception):
+    """A request or the run failed; the message is one line for the task output."""
+
+
+def percentiles(values, points):
+    """{"p<N>": value} for each N in POINTS, linear interpolation between closest ranks; None without data."""
+    if not values:
+        return {f"p{p}": None for p in points}
+    if len(values) == 1:
+        return {f"p{p}": round(values[0], 3) for p in points}
+    cuts = statistics.quantiles(values, n=100, method="inclusive")
+    return {f"p{p}": round(cuts[p - 1], 3) for p in points}
+
+
+def _endpoint(url):
+    """(scheme, host, port, path prefix) of a base URL; a trailing /v1 is dropped."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BenchmarkError(f"url must be http(s)://host[:port], got {url!r}")
+    prefix = parts.path.rstrip("/")
+    if prefix.endswith("/v1"):
+        prefix = prefix[:-3]
+    return parts.scheme, parts.hostname, parts.port, prefix
+
+
+def _connect(url, timeout):
+    scheme, host, port, prefix = _endpoint(url)
+    cls = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
+    return cls(host, port, timeout=timeout), prefix
+
+
+def _headers(api_key):
+    headers = {"Content-Type": "application/json", "Accept": "text/event-stream"}
+    if api_key:
+        headers["Authorization"] = "Bearer " + api_key
+    return headers
+
+
+def first_model(url, api_key, timeout):
+    """The first model id of GET /v1/models; BenchmarkError when the service cannot tell."""
+    conn, prefix = _connect(url, timeout)
+    try:
+        conn.request("GET", prefix + "/v1/models", headers=_headers(api_key))
+        resp = conn.getresponse()
+        body = resp.read()
+        if resp.status != 200:
+            raise BenchmarkError(f"GET {url}/v1/models: HTTP {resp.status}")
+        return json.loads(body)["data"][0]["id"]
+    except (OSError, http.client.HTTPException, ValueError, KeyError, IndexError) as error:
+        raise BenchmarkError(f"cannot list models at {url}/v1/models ({error}); set model") from error
+    finally:
+        conn.close()
+
+
+def _delta_text(event):
+    """Generated text of one stream event (content or reasoning deltas), '' if none."""
+    text = ""
+    for choice in event.get("choices") or []:
+        delta = choice.get("delta") or {}
+        text += delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or ""
+    return text
+
+
+def stream_request(url, model, prompt, params):
+    """Send one streaming chat completion and time it. Returns a sample dict; BenchmarkError on failure.
+
+    Times are time.perf_counter() differences in ms from just before the connection is opened.
+    """
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+            "max_tokens": params["max_tokens"], "stream": True}
+    if params["include_usage"]:
+        body["stream_options"] = {"include_usage": True}
+    start = time.perf_counter()
+    conn, prefix = _connect(url, params["timeout"])
+    deltas, usage = [], None
+    try:
+        conn.request("POST", prefix + "/v1/chat/completions", body=json.dumps(body).encode(),
+                     headers=_headers(params["api_key"]))
+        resp = conn.getresponse()
+        if resp.status != 200:
+            raise BenchmarkError(f"HTTP {resp.status}: {resp.read(300).decode(errors='replace').strip()}")
+        for raw in resp:  # server-sent events, one "data: {json}" line each
+            line = raw.strip()
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                break
+            event = json.loads(payload)
+            if event.get("error"):
+                raise BenchmarkError(f"server error in stream: {event['error']}")
+            if _delta_text(event):
+                deltas.append(time.perf_counter())
+            usage = event.get("usage") or usage
+        end = time.perf_counter()
+    except (OSError, http.client.HTTPException, ValueError) as error:
+        raise BenchmarkError(f"{type(error).__name__}: {error}") from error
+    finally:
+        conn.close()
+    if not deltas:
+        raise BenchmarkError("stream ended without any content delta")
+    tokens = usage.get("completion_tokens") if usage else None
+    sample = {
+        "ttft_ms": (deltas[0] - start) * 1000.0,
+        "e2e_ms": (end - start) * 1000.0,
+        "output_tokens": tokens if tokens else len(deltas),
+        "token_source": "usage" if tokens else "deltas",
+        "prompt_tokens": usage.get("prompt_tokens") if usage else None,
+        "itl_ms": [(b - a) * 1000.0 for a, b in zip(deltas, deltas[1:])],
+    }
+    decode_ms = sample["e2e_ms"] - sample["ttft_ms"]
+    if sample["output_tokens"] > 1 and decode_ms > 0:
+        sample["tpot_ms"] = decode_ms / (sample["output_tokens"] - 1)
+        sample["decode_tokens_per_s"] = 1000.0 / sample["tpot_ms"]
+    return sample
+
+
+def _attempt(url, model, prompt, params):
+    """stream_request, with a failure turned into {"error": message} so one bad request does not end a level."""
+    try:
+        return stream_request(url, model, prompt, params)
+    except BenchmarkError as error:
+        return {"error": str(error)}
+
+
+def run_level(url, model, params, concurrency):
+    """Run params["requests"] requests with CONCURRENCY in flight; return the level's figures."""
+    prompts = params["prompts"]
+    jobs = [prompts[i % len(prompts)] for i in range(params["requests"])]
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        results = list(pool.map(lambda prompt: _attempt(url, model, prompt, params), jobs))
+    wall = time.perf_counter() - start
+    ok = [r for r in results if "error" not in r]
+    rates = [r["decode_tokens_per_s"] for r in ok if "decode_tokens_per_s" in r]
+    output_tokens = sum(r["output_tokens"] for r in ok)
+    prompt_tokens = [r["prompt_tokens"] for r in ok if r["prompt_tokens"]]
+    return {
+        "concurrency": concurrency,
+        "requests": len(results),
+        "errors": len(results) - len(ok),
+        "error_messages": sorted({r["error"] for r in results if "error" in r})[:5],
+        "wall_s": round(wall, 3),
+        "ttft_ms": percentiles([r["ttft_ms"] for r in ok], (50, 95, 99)),
+        "itl_ms": percentiles([gap for r in ok for gap in r["itl_ms"]], (50, 95)),
+        "tpot_ms": percentiles([r["tpot_ms"] for r in ok if "tpot_ms" in r], (50, 95)),
+        "e2e_ms": percentiles([r["e2e_ms"] for r in ok], (50, 95)),
+        "decode_tokens_per_s": dict(percentiles(rates, (50,)), mean=round(statistics.fmean(rates), 3) if rates
+                                    else None),
+        "output_tokens": output_tokens,
+        "prompt_tokens_mean": round(statistics.fmean(prompt_tokens), 1) if prompt_tokens else None,
+        "output_tokens_per_s": round(output_tokens / wall, 3),
+        "requests_per_s": round(len(ok) / wall, 3),
+        "token_sources": sorted({r["token_source"] for r in ok}),
+        "samples": [{key: (round(r[key], 3) if isinstance(r.get(key), float) else r.get(key))
+                     for key in ("ttft_ms", "e2e_ms", "output_tokens", "decode_tokens_per_s")} for r in ok],
+    }
+
+
+def summarize(level):
+    """Flat comparison figures of one level (the RV(summary) keys)."""
+    return {
+        "concurrency": level["concurrency"],
+        "ttft_ms_p50": level["ttft_ms"]["p50"],
+        "ttft_ms_p95": level["ttft_ms"]["p95"],
+        "itl_ms_p50": level["itl_ms"]["p50"],
+        "tpot_ms_p50": level["tpot_ms"]["p50"],
+        "e2e_ms_p50": level["e2e_ms"]["p50"],
+        "decode_tokens_per_s": level["decode_tokens_per_s"]["p50"],
+        "decode_tokens_per_s_mean": level["decode_tokens_per_s"]["mean"],
+        "output_tokens_per_s": level["output_tokens_per_s"],
+        "requests_per_s": level["requests_per_s"],
+        "errors": level["errors"],
+    }
+
+
+def gains(summary, baseline):
+    """Ratios to BASELINE (a result or its summary), above 1 is better; figures missing or zero are left out."""
+    base = baseline.get("summary", baseline)
+    out = {}
+    for figure in LATENCY_FIGURES + RATE_FIGURES:
+        new, old = summary.get(figure), base.get(figure)
+        if isinstance(new, (int, float)) and isinstance(old, (int, float)) and new > 0 and old > 0:
+            out[figure] = round(old / new if figure in LATENCY_FIGURES else new / old, 4)
+    return out
+
+
+def check_options(params):
+    """One-line error for bad options, before any request; None when they are fine."""
+    if not params["prompts"]:
+        return "prompts must not be empty"
+    if params["max_tokens"] < 1 or params["requests"] < 1 or params["warmup"] < 0 or params["timeout"] <= 0:
+        return "max_tokens and requests must be >= 1, warmup >= 0 and timeout > 0"
+    if not params["concurrency"] or min(params["concurrency"]) < 1:
+        return "concurrency must be a non-empty list of integers >= 1"
+    if params["fail_below"]:
+        if not params["baseline"]:
+            return "fail_below needs a baseline to compare with"
+        figures = LATENCY_FIGURES + RATE_FIGURES
+        unknown = sorted(set(params["fail_below"]) - set(figures))
+        if unknown:
+            return f"fail_below: unknown figure(s) {', '.join(unknown)}; choose from {', '.join(figures)}"
+        for figure, ratio in params["fail_below"].items():
+            if _ratio(ratio) is None:
+                return f"fail_below.{figure} must be a number > 0 (a ratio to the baseline), got {ratio!r}"
+    return None
+
+
+def _ratio(value):
+    """VALUE as a float > 0, or None; key=value task arguments arrive as strings."""
+    if isinstance(value, bool):
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return value if value > 0 else None
+
+
+def below_threshold(gain, summary, baseline, fail_below):
+    """Message naming every figure whose ratio is below its minimum, or None."""
+    base = baseline.get("summary", baseline)
+    failed = []
+    for figure, minimum in sorted(fail_below.items()):
+        ratio, minimum = gain.get(figure), _ratio(minimum)
+        if ratio is None:
+            failed.append(f"{figure}: no value to compare (new {summary.get(figure)}, baseline {base.get(figure)})")
+        elif ratio < minimum:
+            failed.append(f"{figure} {summary[figure]} vs baseline {base[figure]}: ratio {ratio} < {minimum}")
+    return "below baseline: " + "; ".join(failed) if failed else None
+
+
+def write_report(path, result):
+    """Write RESULT as JSON to PATH, creating parent directories; BenchmarkError on failure."""
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(result, handle, indent=2, ensure_ascii=False)
+            handle.write("\n")
+    except OSError as error:
+        raise BenchmarkError(f"cannot write report_path {path}: {error}") from error
+
+
+def run(params, check_mode=False):
+    """Run the benchmark. Returns (result, failure message or None, warnings).
+
+    PARAMS holds every module option (defaults applied). The result is returned also on failure, so the
+    caller can show the figures next to the message.
+    """
+    params = dict(params, prompts=params.get("prompts") or DEFAULT_PROMPTS)
+    result, warnings = {"changed": False}, []
+    problem = check_options(params)
+    if problem:
+        return result, problem, warnings
+    if check_mode:
+        return dict(result, skipped=True, msg="check mode: no request sent"), None, warnings
+    url = params["url"].rstrip("/")
+    try:
+        _endpoint(url)
+        model = params["model"] or first_model(url, params["api_key"], params["timeout"])
+    except BenchmarkError as error:
+        return result, str(error), warnings
+    cpus = os.cpu_count() or 1
+    result.update(url=url, model=model, max_tokens=params["max_tokens"], percentile_method=PERCENTILE_METHOD,
+                  started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                  host_load={"cpus": cpus, "loadavg_before": [round(x, 2) for x in os.getloadavg()]})
+    if result["host_load"]["loadavg_before"][0] >= cpus / 2:
+        warnings.append(f"load average {result['host_load']['loadavg_before'][0]} on {cpus} CPUs before the "
+                        "benchmark: another busy process lowers decode speed")
+    for i in range(params["warmup"]):
+        _attempt(url, model, params["prompts"][i % len(params["prompts"])], params)
+    levels = [run_level(url, model, params, c) for c in params["concurrency"]]
+    result["host_load"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    sources = {s for level in levels for s in level.pop("token_sources")}
+    result["token_count_source"] = sources.pop() if len(sources) == 1 else ("mixed" if sources else None)
+    result["levels"] = levels
+    result["summary"] = summarize(min(levels, key=lambda level: level["concurrency"]))
+    result["gain"] = gains(result["summary"], params["baseline"]) if params["baseline"] else {}
+    failure = None
+    for level in levels:
+        if level["errors"] == level["requests"]:
+            failure = failure or (f"all {level['requests']} requests at concurrency {level['concurrency']} to "
+                                  f"{url} failed: {level['error_messages'][0]}")
+        elif level["errors"]:
+            warnings.append(f"{level['errors']} of {level['requests']} requests at concurrency "
+                            f"{level['concurrency']} failed: {level['error_messages'][0]}")
+    if params["report_path"]:
+        result["report_path"] = params["report_path"]
+        try:
+            write_report(params["report_path"], result)
+        except BenchmarkError as error:
+            failure = failure or str(error)
+    if not failure and params["fail_below"]:
+        failure = below_threshold(result["gain"], result["summary"], params["baseline"], params["fail_below"])
+    return result, failure, warnings
+
+
+ARGUMENT_SPEC = {
+    "url": {"type": "str", "default": "http://127.0.0.1:8000"},
+    "model": {"type": "str"},
+    "api_key": {"type": "str", "no_log": True},
+    "prompts": {"type": "list", "elements": "str"},
+    "max_tokens": {"type": "int", "default": 64},
+    "requests": {"type": "int", "default": 8},
+    "concurrency": {"type": "list", "elements": "int", "default": [1]},
+    "warmup": {"type": "int", "default": 1},
+    "timeout": {"type": "float", "default": 120},
+    "include_usage": {"type": "bool", "default": True},
+    "baseline": {"type": "dict"},
+    "report_path": {"type": "path"},
+    "fail_below": {"type": "dict"},
+}
+
+
+def main():
+    """Run the module: measure, never change anything (changed is always false)."""
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    result, failure, warnings = run(module.params, module.check_mode)
+    for warning in warnings:
+        module.warn(warning)
+    if failure:
+        module.fail_json(msg=failure, **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

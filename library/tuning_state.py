@@ -1,0 +1,119 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Ansible module: record original tuning values and file backups once, or read the whole state."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: tuning_state
+short_description: Record original values and file backups in the llmtune state file, once
+description:
+  - Keeps C(/var/lib/llmtune/state.json), the record the drift check and the rollback playbook use to
+    restore a host. Each original is written once, before this project first changes it; later runs
+    never overwrite it.
+  - With O(key) and O(original), records the raw value of a setting (for example the THP C(enabled)
+    file before the C(thp) role writes it).
+  - With O(file), copies the file into C(backup/) next to the state file before its first edit, or records
+    that it did not exist (a rollback then deletes it).
+  - With O(state=read), returns the whole state and changes nothing.
+  - Supports check mode (reports what would be recorded, writes nothing) and diff.
+options:
+  path:
+    description: State file (JSON). Created with mode 0600 in a 0700 directory.
+    type: path
+    default: /var/lib/llmtune/state.json
+  state:
+    description: C(present) records O(key)/O(file); C(read) returns the state.
+    type: str
+    choices: [present, read]
+    default: present
+  key:
+    description: Dotted setting name C(<role>.<setting>), for example C(thp.enabled).
+    type: str
+  original:
+    description: Raw value before the change (for sysfs files, the whole file text as read).
+    type: str
+  file:
+    description: Absolute path of a file about to be edited or created by a role.
+    type: path
+notes:
+  - A damaged (non-JSON) state file fails the task instead of being replaced.
+author: llmtune contributors
+"""
+
+EXAMPLES = r"""
+- name: Record the THP mode before changing it
+  tuning_state:
+    key: thp.enabled
+    original: "always [madvise] never"
+
+- name: Back up /etc/fstab before commenting out swap
+  tuning_state:
+    file: /etc/fstab
+
+- name: Read the state for a drift check
+  tuning_state:
+    state: read
+  register: llmtune_state
+"""
+
+RETURN = r"""
+recorded:
+  description: Whether this call added an entry (in check mode, whether it would).
+  returned: state=present
+  type: bool
+entry:
+  description: The stored entry (C(original)/C(recorded) for a key; C(existed)/C(backup)/C(recorded) for a file).
+  returned: state=present
+  type: dict
+  sample: {"original": "always [madvise] never", "recorded": "2026-01-01T00:00:00Z"}
+backup:
+  description: Path of the backup copy, or null when the file did not exist.
+  returned: when O(file) is given
+  type: str
+  sample: /var/lib/llmtune/backup/etc/fstab
+state:
+  description: The whole state (C(version), C(settings), C(files)).
+  returned: state=read
+  type: dict
+"""
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmtune_state import DEFAULT_STATE_PATH, backup_file, load_state, record_original
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "path": {"type": "path", "default": DEFAULT_STATE_PATH},
+            "state": {"type": "str", "choices": ["present", "read"], "default": "present"},
+            "key": {"type": "str"},
+            "original": {"type": "str"},
+            "file": {"type": "path"},
+        },
+        required_if=[("state", "present", ("key", "file"), True)],
+        required_together=[("key", "original")],
+        mutually_exclusive=[("key", "file")],
+        supports_check_mode=True,
+    )
+    params = module.params
+    try:
+        if params["state"] == "read":
+            module.exit_json(changed=False, state=load_state(params["path"]))
+        if params["key"]:
+            changed, entry = record_original(params["path"], params["key"], params["original"], module.check_mode)
+            label = params["key"]
+            result = {}
+        else:
+            changed, entry = backup_file(params["path"], params["file"], module.check_mode)
+            label = params["file"]
+            result = {"backup": entry["backup"]}
+    except (OSError, ValueError) as err:
+        module.fail_json(msg="llmtune state file %s: %s" % (params["path"], err))
+    diff = {"before": "", "after": "%s recorded in %s\n" % (label, params["path"])} if changed else {}
+    module.exit_json(changed=changed, recorded=changed, entry=entry, diff=diff, **result)
+
+
+if __name__ == "__main__":
+    main()

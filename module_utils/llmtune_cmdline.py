@@ -1,0 +1,359 @@
+# -*- coding: utf-8 -*-
+"""Kernel command line parsing and safe editing of grub defaults files (``/etc/default/grub``).
+
+Two grammars meet here:
+
+* the kernel's: parameters separated by blanks, ``name`` or ``name=value``, double quotes group blanks
+  into a value, ``--`` ends the kernel's part (the rest goes to init). Source: ``lib/cmdline.c``
+  (``next_arg``), Documentation/admin-guide/kernel-parameters.rst; dashes and underscores in a name are
+  equivalent (``kernel/params.c`` ``parameq``);
+* POSIX sh, because grub-mkconfig *sources* ``/etc/default/grub`` and then ``/etc/default/grub.d/*.cfg``
+  (Debian's ``grub-mkconfig``) and uses ``GRUB_CMDLINE_LINUX`` for every entry and
+  ``GRUB_CMDLINE_LINUX_DEFAULT`` for non-recovery entries only (``/etc/grub.d/10_linux``).
+
+Only what can be edited without running a shell is edited: a line that assigns the variable with
+literal (quoted or unquoted) text. Anything else raises :class:`CmdlineError` naming the line.
+"""
+
+from __future__ import annotations
+
+import re
+
+GRUB_VARIABLES = ("GRUB_CMDLINE_LINUX", "GRUB_CMDLINE_LINUX_DEFAULT")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Characters that end an unquoted shell word (sh(1) "Token Recognition"): blanks and operators.
+_WORD_END = " \t;&|<>()"
+
+
+class CmdlineError(ValueError):
+    """A defaults file or a parameter that cannot be handled safely; the message names the line."""
+
+
+class ShellWord:
+    """One shell word: literal text and ``$NAME`` expansions in order.
+
+    ``parts`` is a list of ``str`` (literal) and ``("var", NAME)`` tuples; ``quote`` is ``'`` or ``"``
+    when the whole word is one quoted string, else ``""``; ``end`` is the index after the word;
+    ``command`` is True when the word holds a command or arithmetic substitution (``$(..)``, backquotes).
+    """
+
+    def __init__(self, parts, quote, end, command):
+        self.parts = parts
+        self.quote = quote
+        self.end = end
+        self.command = command
+
+    @property
+    def variables(self):
+        """Names of the variables this word expands (list of str)."""
+        return [part[1] for part in self.parts if isinstance(part, tuple)]
+
+    def expand(self, env):
+        """Return the word's value with ``$NAME`` replaced from ``env`` (dict; unset expands to "")."""
+        return "".join(env.get(part[1], "") if isinstance(part, tuple) else part for part in self.parts)
+
+
+def _read_expansion(text, pos, parts):
+    """Parse the ``$`` at ``text[pos]``; append to ``parts``; return (new position, is_command)."""
+    nxt = text[pos + 1:pos + 2]
+    if nxt == "(":
+        return pos + 1, True
+    if nxt == "{":
+        close = text.find("}", pos)
+        name = text[pos + 2:close] if close > 0 else ""
+        if not _NAME.fullmatch(name):
+            raise CmdlineError("unsupported parameter expansion %r" % text[pos:close + 1 or None])
+        parts.append(("var", name))
+        return close + 1, False
+    match = _NAME.match(text, pos + 1)
+    if match:
+        parts.append(("var", match.group(0)))
+        return match.end(), False
+    parts.append("$")
+    return pos + 1, False
+
+
+def parse_shell_word(text, pos=0):
+    """Parse the POSIX sh word starting at ``text[pos]`` (one line, no newline).
+
+    Handles single quotes, double quotes (where ``\\`` escapes only ``$ ` " \\``), backslash outside
+    quotes, ``$NAME``/``${NAME}`` and detects command substitution. Returns a :class:`ShellWord`.
+    Raises :class:`CmdlineError` on an unbalanced quote or an expansion other than ``${NAME}``.
+    Source: POSIX.1-2017 XCU 2.2 "Quoting" and 2.6 "Word Expansions".
+    """
+    parts, command, start, i = [], False, pos, pos
+    while i < len(text) and text[i] not in _WORD_END:
+        char = text[i]
+        if char == "'":
+            close = text.find("'", i + 1)
+            if close < 0:
+                raise CmdlineError("unbalanced single quote")
+            parts.append(text[i + 1:close])
+            i = close + 1
+        elif char == '"':
+            i += 1
+            while True:
+                if i >= len(text):
+                    raise CmdlineError("unbalanced double quote")
+                char = text[i]
+                if char == '"':
+                    i += 1
+                    break
+                if char == "\\" and text[i + 1:i + 2] in ("$", "`", '"', "\\"):
+                    parts.append(text[i + 1])
+                    i += 2
+                elif char == "$":
+                    i, is_command = _read_expansion(text, i, parts)
+                    command = command or is_command
+                elif char == "`":
+                    command = True
+                    i += 1
+                else:
+                    parts.append(char)
+                    i += 1
+        elif char == "\\":
+            parts.append(text[i + 1:i + 2])
+            i += 2
+        elif char == "$":
+            i, is_command = _read_expansion(text, i, parts)
+            command = command or is_command
+        elif char == "`":
+            command, i = True, i + 1
+        else:
+            parts.append(char)
+            i += 1
+    raw = text[start:i]
+    quote = raw[0] if len(raw) >= 2 and raw[0] in "'\"" and raw[-1] == raw[0] and raw.count(raw[0]) == 2 else ""
+    return ShellWord(parts, quote, i, command)
+
+
+def quote_shell(value, style='"'):
+    """Quote ``value`` (str) for sh, in ``style`` (``'`` or ``"``) when the value allows it."""
+    if style == "'" and "'" not in value:
+        return "'%s'" % value
+    return '"%s"' % re.sub(r'([\\"$`])', r"\\\1", value)
+
+
+def _assignment_pattern(variable):
+    # The "=" right after the exact name keeps GRUB_CMDLINE_LINUX from matching GRUB_CMDLINE_LINUX_DEFAULT.
+    return re.compile(r"^(?P<lead>[ \t]*(?:export[ \t]+)?)%s(?P<op>\+?=)" % re.escape(variable))
+
+
+def find_assignment(text, variable, source):
+    """Locate the one safe assignment of ``variable`` in a defaults file.
+
+    ``text`` is the whole file (str), ``source`` its path for messages. Returns ``None`` when the
+    variable is not assigned, else ``(line_index, value_start, word)`` where ``word`` is the
+    :class:`ShellWord` of the value. Raises :class:`CmdlineError` (message ``source:line: ...``) when
+    the variable is assigned more than once, appended to (``+=``), or its value uses an unbalanced quote,
+    a command substitution, a variable expansion or is followed by another command.
+    """
+    lines = text.splitlines(True)
+    pattern = _assignment_pattern(variable)
+    hits = [(index, pattern.match(line)) for index, line in enumerate(lines)]
+    hits = [(index, match) for index, match in hits if match]
+    if not hits:
+        return None
+    where = ["%s:%d" % (source, index + 1) for index, _ in hits]
+    if len(hits) > 1:
+        raise CmdlineError("%s is assigned more than once (%s); merge them into one line"
+                           % (variable, ", ".join(where)))
+    index, match = hits[0]
+    line = lines[index].rstrip("\r\n")
+    prefix = "%s: %s" % (where[0], line)
+    if match.group("op") == "+=":
+        raise CmdlineError("%s: '+=' is not plain sh; write one plain assignment" % prefix)
+    try:
+        word = parse_shell_word(line, match.end())
+    except CmdlineError as exc:
+        raise CmdlineError("%s: %s" % (prefix, exc))
+    if word.command:
+        raise CmdlineError("%s: the value uses command substitution, it cannot be edited safely" % prefix)
+    if word.variables:
+        raise CmdlineError("%s: the value expands $%s, it cannot be edited safely"
+                           % (prefix, ", $".join(word.variables)))
+    rest = line[word.end:].strip()
+    if rest and not rest.startswith("#"):
+        raise CmdlineError("%s: another command follows the assignment" % prefix)
+    return index, match.end(), word
+
+
+def replace_assignment(text, variable, value, source):
+    """Return ``text`` with ``variable`` assigned ``value`` (str); every other byte is kept.
+
+    The original quote style is kept when possible; a missing assignment is appended as a new line.
+    Raises :class:`CmdlineError` as :func:`find_assignment`.
+    """
+    found = find_assignment(text, variable, source)
+    if found is None:
+        newline = "" if not text or text.endswith("\n") else "\n"
+        return "%s%s%s=%s\n" % (text, newline, variable, quote_shell(value))
+    index, start, word = found
+    lines = text.splitlines(True)
+    line = lines[index]
+    lines[index] = line[:start] + quote_shell(value, word.quote or '"') + line[word.end:]
+    return "".join(lines)
+
+
+def read_assignment(text, variable, source):
+    """Return the literal value (str) of ``variable`` in a defaults file, ``""`` when not assigned."""
+    found = find_assignment(text, variable, source)
+    return found[2].expand({}) if found else ""
+
+
+def evaluate_dropins(values, dropins):
+    """Apply the assignments of drop-ins to ``values`` as grub-mkconfig's sourcing would.
+
+    ``values`` maps each of :data:`GRUB_VARIABLES` to its value from the main defaults file;
+    ``dropins`` is a list of ``(path, text)`` in glob order (``/etc/default/grub.d/*.cfg``). Only plain
+    assignments at the start of a line are followed; ``$GRUB_CMDLINE_LINUX``-style expansions use the
+    values so far. Returns ``(values, assigned_by)``: the new dict and, per variable, the last drop-in
+    that assigned it. A value that needs a command substitution becomes ``None`` (unknown).
+    """
+    values = dict(values)
+    assigned_by = {}
+    for path, text in dropins:
+        for line in text.splitlines():
+            for variable in GRUB_VARIABLES:
+                match = _assignment_pattern(variable).match(line)
+                if not match:
+                    continue
+                try:
+                    word = parse_shell_word(line, match.end())
+                except CmdlineError:
+                    word = None
+                known = word is not None and not word.command and None not in [
+                    values.get(name, "") for name in word.variables]
+                value = word.expand(values) if known else None
+                if known and match.group("op") == "+=":
+                    value = (values.get(variable) or "") + value
+                values[variable] = value
+                assigned_by[variable] = path
+    return values, assigned_by
+
+
+class Param:
+    """One kernel parameter: ``name``, ``value`` (str, quotes removed; ``None`` for a bare flag), ``raw``."""
+
+    def __init__(self, name, value, raw):
+        self.name = name
+        self.value = value
+        self.raw = raw
+
+    @property
+    def key(self):
+        """Name as the kernel compares it: ``-`` and ``_`` are the same (kernel/params.c parameq)."""
+        return param_key(self.name)
+
+    def __repr__(self):
+        return "Param(%r)" % self.raw
+
+
+def param_key(name):
+    """Return a parameter name (str) normalised for comparison (``-`` -> ``_``)."""
+    return name.replace("-", "_")
+
+
+def split_kernel_params(text):
+    """Split a kernel command line (str) into :class:`Param` objects, as ``lib/cmdline.c`` next_arg does.
+
+    Blanks separate parameters except inside double quotes; the first ``=`` outside quotes splits name
+    and value; the quotes around a value are dropped from ``value`` but kept in ``raw``. Parsing stops
+    at ``--`` (what follows is for init). Raises :class:`CmdlineError` on an unbalanced double quote.
+    """
+    params = []
+    i, text = 0, text or ""
+    while True:
+        while i < len(text) and text[i].isspace():
+            i += 1
+        if i >= len(text):
+            return params
+        start, in_quote, equals = i, False, -1
+        while i < len(text) and (in_quote or not text[i].isspace()):
+            if text[i] == '"':
+                in_quote = not in_quote
+            elif text[i] == "=" and equals < 0 and not in_quote:
+                equals = i
+            i += 1
+        if in_quote:
+            raise CmdlineError("unbalanced double quote in kernel parameters: %s" % text[start:])
+        raw = text[start:i]
+        if raw == "--":
+            return params
+        if equals < 0:
+            params.append(Param(raw.replace('"', ""), None, raw))
+        else:
+            value = text[equals + 1:i]
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                value = value[1:-1]
+            params.append(Param(text[start:equals].replace('"', ""), value, raw))
+
+
+def format_param(name, value):
+    """Format one parameter; ``value`` None gives a bare flag, a value with blanks is double-quoted.
+
+    Raises :class:`CmdlineError` for a name or value the kernel cannot parse back (blanks or ``=`` in the
+    name, a double quote or newline anywhere, a YAML boolean instead of a string).
+    """
+    if not name or re.search(r'[\s="]', name) or name == "--":
+        raise CmdlineError("invalid kernel parameter name %r" % (name,))
+    if value is None:
+        return name
+    if isinstance(value, bool):
+        raise CmdlineError("value of %s is a boolean (YAML reads on/off/yes/no as booleans); quote it, "
+                           "e.g. \"off\"" % name)
+    value = str(value)
+    if '"' in value or "\n" in value:
+        raise CmdlineError("value of %s contains a double quote or newline: %r" % (name, value))
+    if re.search(r"\s", value):
+        return '%s="%s"' % (name, value)
+    return "%s=%s" % (name, value)
+
+
+def edit_params(params, wanted, remove):
+    """Return a new list of :class:`Param` with ``wanted`` set and ``remove`` dropped.
+
+    ``wanted`` maps name -> value (str, int, or None for a bare flag); ``remove`` is a list of names.
+    A parameter already present keeps its place (and its exact text when its value is already right);
+    its later duplicates are dropped; new parameters are appended in ``wanted`` order. Raises
+    :class:`CmdlineError` when a name is both set and removed, or from :func:`format_param`.
+    """
+    wanted_raw = {param_key(name): format_param(name, value) for name, value in wanted.items()}
+    drop = {param_key(name) for name in remove}
+    both = drop.intersection(wanted_raw)
+    if both:
+        raise CmdlineError("parameters both set and removed: %s" % ", ".join(sorted(both)))
+    result, seen = [], set()
+    for param in params:
+        if param.key in drop or param.key in seen:
+            continue
+        if param.key in wanted_raw:
+            seen.add(param.key)
+            new = split_kernel_params(wanted_raw[param.key])[0]
+            if (new.name, new.value) != (param.name, param.value):
+                param = new
+        result.append(param)
+    result.extend(split_kernel_params(raw)[0] for key, raw in wanted_raw.items() if key not in seen)
+    return result
+
+
+def missing_params(cmdline, wanted, remove):
+    """List what a kernel command line (str, e.g. /proc/cmdline) lacks to match ``wanted``/``remove``.
+
+    Returns formatted parameters (``name=value`` or ``name``) that are absent or whose last occurrence has
+    another value (the kernel applies each occurrence in turn, so the last one wins), then ``-name`` for
+    each name in ``remove`` that is still present. Otherwise the order of ``cmdline`` does not matter.
+    """
+    present = {param.key: param.value for param in split_kernel_params(cmdline)}
+    result = []
+    for name, value in wanted.items():
+        param = split_kernel_params(format_param(name, value))[0]
+        if param.key not in present or present[param.key] != param.value:
+            result.append(param.raw)
+    result.extend("-%s" % name for name in remove if param_key(name) in present)
+    return result
+
+
+def join_params(params):
+    """Join :class:`Param` objects back into one command line string."""
+    return " ".join(param.raw for param in params)

@@ -1,0 +1,106 @@
+# -*- coding: utf-8 -*-
+"""The llmtune state file: original values and file backups recorded once, before the first change.
+
+Layout of ``/var/lib/llmtune/state.json`` (JSON object)::
+
+    {"version": 1,
+     "settings": {"thp.enabled": {"original": "madvise", "recorded": "2026-01-01T00:00:00Z"}},
+     "files": {"/etc/fstab": {"existed": true, "backup": "/var/lib/llmtune/backup/etc/fstab",
+                              "recorded": "..."}}}
+
+Keys of ``settings`` are dotted ``<role>.<setting>``. An entry is never overwritten: the first value
+recorded is the one a rollback restores. Backups live in ``backup/`` next to the state file, under the
+file's absolute path. Writes are atomic (temporary file + ``os.replace``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+
+DEFAULT_STATE_PATH = "/var/lib/llmtune/state.json"
+
+
+def _now():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def load_state(path):
+    """Return the state dict stored at ``path`` (str), or an empty state when the file does not exist.
+
+    Raises ``ValueError`` when the file exists but is not a JSON object (a damaged state must not be
+    silently replaced, it holds the only copy of the original values).
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            state = json.load(handle)
+    except FileNotFoundError:
+        state = {}
+    if not isinstance(state, dict):
+        raise ValueError("%s is not a JSON object" % path)
+    state.setdefault("version", 1)
+    state.setdefault("settings", {})
+    state.setdefault("files", {})
+    return state
+
+
+def save_state(path, state):
+    """Write ``state`` to ``path`` atomically (mode 0600, parent directory created with mode 0700)."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".state.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump(state, handle, indent=2, sort_keys=True)
+            handle.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def record_original(path, key, original, check_mode=False):
+    """Record ``original`` (str) for ``key`` unless the key is already recorded.
+
+    Returns ``(changed, entry)``: ``changed`` is True when a new entry was (or, in check mode, would
+    be) written; ``entry`` is the stored dict (``original``, ``recorded``).
+    """
+    state = load_state(path)
+    if key in state["settings"]:
+        return False, state["settings"][key]
+    entry = {"original": original, "recorded": _now()}
+    if not check_mode:
+        state["settings"][key] = entry
+        save_state(path, state)
+    return True, entry
+
+
+def backup_path(path, file_path):
+    """Return where the backup of ``file_path`` goes: ``<state dir>/backup/<absolute file path>``."""
+    return os.path.join(os.path.dirname(path), "backup", os.path.abspath(file_path).lstrip("/"))
+
+
+def backup_file(path, file_path, check_mode=False):
+    """Copy ``file_path`` into the backup directory once, before its first edit by this project.
+
+    When the file does not exist, records ``existed: false`` (a rollback then removes it). Returns
+    ``(changed, entry)`` with ``entry`` holding ``existed`` (bool), ``backup`` (str or None) and
+    ``recorded``. Metadata (mode, owner, times) is kept with ``shutil.copy2``.
+    """
+    state = load_state(path)
+    file_path = os.path.abspath(file_path)
+    if file_path in state["files"]:
+        return False, state["files"][file_path]
+    existed = os.path.lexists(file_path)
+    entry = {"existed": existed, "backup": backup_path(path, file_path) if existed else None,
+             "recorded": _now()}
+    if not check_mode:
+        if existed:
+            os.makedirs(os.path.dirname(entry["backup"]), mode=0o700, exist_ok=True)
+            shutil.copy2(file_path, entry["backup"], follow_symlinks=False)
+        state["files"][file_path] = entry
+        save_state(path, state)
+    return True, entry

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds the local node image without a registry: debootstrap Debian bookworm with systemd and python3,
+# then `podman import` with systemd as the command. Skips when the image exists.
+set -euo pipefail
+. "$(dirname "$0")/env.sh"
+
+if podman image exists "$LLMTUNE_IMAGE"; then
+  echo "== image $LLMTUNE_IMAGE present"
+  exit 0
+fi
+echo "== building $LLMTUNE_IMAGE with debootstrap (about 2 minutes)"
+rootfs=$(mktemp -d "$LLMTUNE_CACHE/rootfs.XXXXXX")
+trap 'rm -rf "$rootfs"' EXIT
+# grub2-common ships /etc/default/grub and update-grub, so the grub role edits a real file.
+debootstrap --variant=minbase \
+  --include=systemd,systemd-sysv,dbus,python3,python3-venv,python3-apt,ca-certificates,procps,kmod,grub2-common,iproute2 \
+  bookworm "$rootfs" "$LLMTUNE_MIRROR" >"$LLMTUNE_CACHE/debootstrap.log" 2>&1 ||
+  { tail -20 "$LLMTUNE_CACHE/debootstrap.log"; exit 1; }
+# grub-pc's postinst installs this default file on a real host; the image has no bootloader package.
+cp "$rootfs/usr/share/grub/default/grub" "$rootfs/etc/default/grub"
+# An empty machine-id makes systemd generate one per container at first boot.
+: > "$rootfs/etc/machine-id"
+tar -C "$rootfs" -c . | podman import \
+  --change 'CMD ["/lib/systemd/systemd"]' \
+  --change 'ENV container=podman' \
+  --change 'STOPSIGNAL SIGRTMIN+3' - "$LLMTUNE_IMAGE" >/dev/null
+echo "== image $LLMTUNE_IMAGE built"

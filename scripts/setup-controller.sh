@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what the controller needs: Debian packages for local podman nodes, the Python venv with
+# Ansible and the test tools, and the local node image. Safe to run again: each step skips when done.
+set -euo pipefail
+. "$(dirname "$0")/env.sh"
+
+need_apt=()
+for cmd in podman:podman runc:runc debootstrap:debootstrap newuidmap:uidmap slirp4netns:slirp4netns; do
+  command -v "${cmd%%:*}" >/dev/null || need_apt+=("${cmd#*:}")
+done
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "== apt-get install ${need_apt[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if [ ! -x "$LLMTUNE_ROOT/.venv/bin/ansible-playbook" ] ||
+   ! cmp -s "$LLMTUNE_ROOT/requirements.txt" "$LLMTUNE_ROOT/.venv/requirements.installed"; then
+  echo "== Python venv (.venv)"
+  python3 -m venv "$LLMTUNE_ROOT/.venv"
+  # torch first, pinned: 2.13.0 is the CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
+  "$LLMTUNE_ROOT/.venv/bin/pip" install -q torch==2.13.0
+  "$LLMTUNE_ROOT/.venv/bin/pip" install -q -r "$LLMTUNE_ROOT/requirements.txt"
+  cp "$LLMTUNE_ROOT/requirements.txt" "$LLMTUNE_ROOT/.venv/requirements.installed"
+fi
+
+"$LLMTUNE_ROOT/scripts/build-node-image.sh"

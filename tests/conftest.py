@@ -1,0 +1,90 @@
+"""Make this project's library/ and module_utils/ importable as Ansible would load them."""
+
+import os
+import sys
+
+import ansible.module_utils
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Ansible serves module_utils/ under the ansible.module_utils namespace; tests do the same.
+ansible.module_utils.__path__.append(os.path.join(ROOT, "module_utils"))
+sys.path.insert(0, os.path.join(ROOT, "library"))
+FIXTURES = os.path.join(ROOT, "tests", "fixtures")
+
+
+# --- proxy model + real inference service (tests/unit/test_proxy_model.py, test_inference_benchmark.py) ---
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+import urllib.request  # noqa: E402
+
+import pytest  # noqa: E402
+
+VENV_BIN = os.path.dirname(sys.executable)
+BUILD_PROXY = os.path.join(ROOT, "scripts", "build_proxy_model.py")
+PROXY_ENV = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+
+
+def build_proxy(out, preset="qwen3-0.6b", layers=2):
+    """Run the real CLI; returns its CompletedProcess (stdout names 'built' or 'unchanged')."""
+    cmd = [sys.executable, BUILD_PROXY, "--preset", preset, "--out", str(out), "--layers", str(layers)]
+    return subprocess.run(cmd, env=PROXY_ENV, capture_output=True, text=True, timeout=300, check=False)
+
+
+@pytest.fixture(scope="session")
+def proxy_model_dir(tmp_path_factory):
+    """A 2-layer qwen3-0.6b proxy (real tokenizer, real shapes except depth), built once per session."""
+    out = tmp_path_factory.mktemp("proxy") / "qwen3-0.6b-2l"
+    done = build_proxy(out)
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_proxy_dir(tmp_path_factory):
+    """The test-only qwen3-test-tiny proxy: real tokenizer and architecture, milliseconds per token."""
+    out = tmp_path_factory.mktemp("proxy") / "qwen3-test-tiny"
+    done = build_proxy(out, preset="qwen3-test-tiny")
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def inference_server(tiny_proxy_dir, tmp_path_factory):
+    """The real `transformers serve` with the tiny proxy preloaded on 127.0.0.1; yields its base URL."""
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
+    cmd = [os.path.join(VENV_BIN, "transformers"), "serve", str(tiny_proxy_dir), "--device", "cpu",
+           "--host", "127.0.0.1", "--port", str(port)]
+    # One torch thread: on a 2-core machine shared with the test client, OpenMP spin-waiting threads
+    # would make timings swing far more than the benchmark's own error.
+    env = dict(PROXY_ENV, OMP_NUM_THREADS="1")
+    with open(log_path, "w", encoding="utf-8") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, "transformers serve exited:\n" + log_path.read_text()
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "transformers serve not healthy in 120 s:\n" + log_path.read_text()
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

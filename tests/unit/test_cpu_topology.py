@@ -1,0 +1,263 @@
+"""Tests of library/cpu_topology.py on sysfs/procfs fixture trees and on this machine.
+
+Each tree under tests/fixtures/topology/ has the kernel's own layout and formats (see the README there);
+the expected values are those of the machine the tree describes. lscpu --sysroot reads the same trees
+and serves as an independent check of the counts.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import cpu_topology
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TREES = os.path.join(ROOT, "tests", "fixtures", "topology")
+ALL_TREES = sorted(name for name in os.listdir(TREES) if os.path.isdir(os.path.join(TREES, name)))
+
+
+def facts(tree):
+    """Return the cpu_topology facts of fixture ``tree``."""
+    return cpu_topology.gather(os.path.join(TREES, tree))
+
+
+def lscpu(*args):
+    """Return lscpu -J output as {field without colon: data}, nested children flattened."""
+    if shutil.which("lscpu") is None:
+        pytest.skip("lscpu (util-linux) is not installed")
+    out = json.loads(subprocess.run(["lscpu", "-J", *args], capture_output=True, text=True, check=True).stdout)
+    fields = {}
+
+    def walk(entries):
+        for entry in entries:
+            fields[entry["field"].rstrip(":")] = entry["data"]
+            walk(entry.get("children", []))
+
+    walk(out["lscpu"])
+    return fields
+
+
+def assert_agrees_with_lscpu(result, fields):
+    """Compare the counts lscpu prints with ours."""
+    assert result["logical_cpus"] == int(fields["CPU(s)"])
+    assert result["sockets"] == int(fields["Socket(s)"])
+    assert result["physical_cores"] == int(fields["Socket(s)"]) * int(fields["Core(s) per socket"])
+    assert result["threads_per_core"] == int(fields["Thread(s) per core"])
+    assert len(result["numa_nodes"]) == int(fields["NUMA node(s)"])
+
+
+def test_all_seven_machines_have_a_tree():
+    assert ALL_TREES == ["arm-graviton3", "container-cgroup2", "epyc-1socket", "intel-hybrid", "kvm-ci-vm",
+                         "kvm-socket-per-vcpu", "xeon-2socket"]
+
+
+@pytest.mark.parametrize("tree", ALL_TREES)
+def test_counts_agree_with_lscpu_sysroot(tree):
+    result = facts(tree)
+    fields = lscpu("--sysroot", os.path.join(TREES, tree))
+    assert_agrees_with_lscpu(result, fields)
+    assert result["model_name"] == fields["Model name"]
+    assert len(result["caches"]["l3"]) == int(fields["L3 cache"].split("(")[1].split()[0])
+
+
+def test_xeon_two_sockets_with_repeating_core_ids():
+    result = facts("xeon-2socket")
+    assert (result["vendor"], result["architecture"]) == ("GenuineIntel", "x86_64")
+    assert (result["sockets"], result["physical_cores"], result["logical_cpus"], result["threads_per_core"]) == (2, 4, 8, 2)
+    # core_id 0 and 1 exist in both sockets: four cores, not two.
+    assert [(c["socket"], c["core_id"], c["numa_node"], c["cpus"]) for c in result["cores"]] == [
+        (0, 0, 0, [0, 4]), (0, 1, 0, [1, 5]), (1, 0, 1, [2, 6]), (1, 1, 1, [3, 7])]
+    assert result["numa_nodes"] == [
+        {"id": 0, "cpus": [0, 1, 4, 5], "memory_mb": 63488, "distances": [10, 20]},
+        {"id": 1, "cpus": [2, 3, 6, 7], "memory_mb": 63488, "distances": [20, 10]}]
+    assert result["caches"] == {"l1d_kib": 48, "l1i_kib": 32, "l2_kib": 1280, "l3_kib": 43008, "l3": [
+        {"cpus": [0, 1, 4, 5], "size_kib": 43008}, {"cpus": [2, 3, 6, 7], "size_kib": 43008}]}
+    assert result["isa"] == {"avx2": True, "avx512f": True, "avx512_bf16": False, "avx512_vnni": True,
+                             "amx_tile": False, "amx_bf16": False, "amx_int8": False}
+    assert result["cpufreq"] == {"present": True, "driver": "intel_pstate", "available_governors": ["performance", "powersave"],
+                                 "governors": {"policy%d" % n: "powersave" for n in range(8)}, "epp": True}
+    assert result["cpuidle"] == {"driver": "intel_idle", "governor": "menu", "intel_idle_builtin": True, "states": [
+        {"name": "POLL", "desc": "CPUIDLE CORE POLL IDLE", "latency_us": 0, "disabled": False},
+        {"name": "C1", "desc": "MWAIT 0x00", "latency_us": 1, "disabled": False},
+        {"name": "C1E", "desc": "MWAIT 0x01", "latency_us": 4, "disabled": False},
+        {"name": "C6", "desc": "MWAIT 0x20", "latency_us": 170, "disabled": False}]}
+    assert result["thp"] == {"supported": True, "enabled": "always", "defrag": "madvise"}
+    assert result["swap"] == {"devices": [{"name": "/dev/sda3", "type": "partition", "size_mb": 8191, "priority": -2}],
+                              "total_mb": 8191}
+    assert result["memory_mb"] == 126976
+    assert result["virtualization"] == {"hypervisor": "none", "container": "none"}
+    assert result["cgroup"] == {"version": 2, "path": "/user.slice/user-0.slice/session-3.scope",
+                                "cpuset": list(range(8)), "cpu_quota": None, "memory_limit_mb": None}
+    assert result["usable_cpus"] == list(range(8))
+    assert result["numa_policy_permitted"] is None
+    assert result["recommended"] == {
+        "cpus": [0, 1], "threads": 2, "numa_node": 0,
+        "reason": "4 physical cores among 8 usable CPUs, one CPU per core (SMT siblings left out); "
+                  "NUMA node 0 chosen of 2 nodes with usable cores (most cores, lowest id on a tie), memory bound there",
+        "per_node": [{"numa_node": 0, "cpus": [0, 1], "threads": 2}, {"numa_node": 1, "cpus": [2, 3], "threads": 2}]}
+
+
+def test_epyc_one_socket_four_l3_domains():
+    result = facts("epyc-1socket")
+    assert (result["vendor"], result["sockets"], result["physical_cores"], result["logical_cpus"]) == ("AuthenticAMD", 1, 8, 16)
+    assert [c["core_id"] for c in result["cores"]] == [0, 1, 4, 5, 8, 9, 12, 13]
+    assert result["caches"]["l3"] == [{"cpus": [0, 1, 8, 9], "size_kib": 8192}, {"cpus": [2, 3, 10, 11], "size_kib": 8192},
+                                      {"cpus": [4, 5, 12, 13], "size_kib": 8192}, {"cpus": [6, 7, 14, 15], "size_kib": 8192}]
+    assert result["isa"]["avx2"] and not result["isa"]["avx512f"]
+    assert (result["cpufreq"]["driver"], result["cpufreq"]["governors"]["policy15"], result["cpufreq"]["epp"]) == (
+        "acpi-cpufreq", "schedutil", False)
+    assert [(s["name"], s["latency_us"]) for s in result["cpuidle"]["states"]] == [("POLL", 0), ("C1", 1), ("C2", 400)]
+    assert result["cpuidle"]["driver"] == "acpi_idle"
+    assert result["swap"] == {"devices": [], "total_mb": 0}
+    assert result["recommended"] == {
+        "cpus": [0, 1, 2, 3, 4, 5, 6, 7], "threads": 8, "numa_node": 0,
+        "reason": "8 physical cores among 16 usable CPUs, one CPU per core (SMT siblings left out); memory bound to NUMA node 0",
+        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2, 3, 4, 5, 6, 7], "threads": 8}]}
+
+
+def test_intel_hybrid_leaves_efficiency_cores_out():
+    result = facts("intel-hybrid")
+    assert result["hybrid"] is True
+    assert (result["physical_cores"], result["logical_cpus"], result["threads_per_core"]) == (10, 16, 2)
+    assert [(c["cpus"], c["kind"]) for c in result["cores"]] == (
+        [([n, n + 1], "performance") for n in range(0, 12, 2)] + [([n], "efficiency") for n in range(12, 16)])
+    assert result["isa"]["avx2"] and not result["isa"]["avx512f"]
+    assert [s["name"] for s in result["cpuidle"]["states"]] == ["POLL", "C1E", "C6", "C8", "C10"]
+    assert result["recommended"] == {
+        "cpus": [0, 2, 4, 6, 8, 10], "threads": 6, "numa_node": 0,
+        "reason": "10 physical cores among 16 usable CPUs, one CPU per core (SMT siblings left out); "
+                  "4 efficiency cores left out; memory bound to NUMA node 0",
+        "per_node": [{"numa_node": 0, "cpus": [0, 2, 4, 6, 8, 10], "threads": 6}]}
+
+
+def test_arm_without_smt_or_cpuinfo_core_id():
+    result = facts("arm-graviton3")
+    assert (result["architecture"], result["vendor"], result["model_name"]) == ("aarch64", "ARM", "Neoverse-V1")
+    assert (result["sockets"], result["physical_cores"], result["logical_cpus"], result["threads_per_core"]) == (1, 8, 8, 1)
+    assert result["hybrid"] is False
+    assert result["isa"] == {"asimd": True, "sve": True, "bf16": True, "i8mm": True}
+    assert [c["die"] for c in result["cores"]] == [-1] * 8
+    # No cpufreq, no cpuidle directory: absent interfaces, not errors.
+    assert result["cpufreq"] == {"present": False, "driver": None, "available_governors": [], "governors": {}, "epp": False}
+    assert result["cpuidle"] == {"driver": None, "governor": None, "states": [], "intel_idle_builtin": False}
+    assert result["virtualization"] == {"hypervisor": "amazon", "container": "none"}
+    assert result["recommended"]["cpus"] == list(range(8))
+    assert result["recommended"]["threads"] == 8
+
+
+def test_kvm_guest_with_one_socket_per_vcpu():
+    result = facts("kvm-socket-per-vcpu")
+    assert (result["sockets"], result["physical_cores"], result["threads_per_core"]) == (4, 4, 1)
+    assert [c["socket"] for c in result["cores"]] == [0, 1, 2, 3]
+    assert len(result["caches"]["l3"]) == 4
+    assert result["virtualization"] == {"hypervisor": "kvm", "container": "none"}
+    assert result["cpuidle"]["driver"] == "haltpoll"
+    assert result["cpuidle"]["intel_idle_builtin"] is None
+    assert result["swap"]["total_mb"] == 2047
+    # Four "sockets" but one NUMA node: all vCPUs, memory on node 0.
+    assert result["recommended"] == {
+        "cpus": [0, 1, 2, 3], "threads": 4, "numa_node": 0,
+        "reason": "4 physical cores among 4 usable CPUs, one CPU per core; memory bound to NUMA node 0",
+        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2, 3], "threads": 4}]}
+
+
+def test_container_quota_and_cpuset_with_smt_siblings():
+    result = facts("container-cgroup2")
+    assert (result["physical_cores"], result["logical_cpus"]) == (4, 8)
+    assert result["cgroup"] == {"version": 2, "path": "/", "cpuset": [0, 1, 2, 4], "cpu_quota": 2.0, "memory_limit_mb": 8192}
+    assert result["affinity"] == [0, 1, 2, 4]
+    assert result["usable_cpus"] == [0, 1, 2, 4]
+    assert result["virtualization"] == {"hypervisor": "none", "container": "podman"}
+    assert [(s["name"], s["disabled"]) for s in result["cpuidle"]["states"]][-1] == ("C6", True)
+    # CPUs 0 and 4 are SMT siblings: 3 physical cores, and the quota of 2 CPUs caps threads at 2.
+    assert result["recommended"] == {
+        "cpus": [0, 1, 2], "threads": 2, "numa_node": 0,
+        "reason": "3 physical cores among 4 usable CPUs, one CPU per core (SMT siblings left out); "
+                  "memory bound to NUMA node 0; threads capped at 2 by the cgroup CPU quota of 2 CPUs",
+        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2], "threads": 2}]}
+
+
+def test_ci_vm_without_cpufreq_and_cpuidle_driver_none():
+    result = facts("kvm-ci-vm")
+    assert (result["sockets"], result["physical_cores"], result["logical_cpus"], result["threads_per_core"]) == (1, 2, 2, 1)
+    assert result["isa"] == {flag: True for flag in cpu_topology.X86_ISA}
+    assert result["cpufreq"]["present"] is False
+    assert result["cpuidle"] == {"driver": "none", "governor": "menu", "states": [], "intel_idle_builtin": None}
+    assert result["virtualization"] == {"hypervisor": "kvm", "container": "docker"}
+    # cgroup v1 (hybrid mount): the memory cgroup path exists under the mount, its limit is "unlimited".
+    assert result["cgroup"] == {"version": 1, "path": "/", "cpuset": [0, 1], "cpu_quota": None, "memory_limit_mb": None}
+    assert result["recommended"]["cpus"] == [0, 1]
+    assert result["recommended"]["threads"] == 2
+
+
+def test_missing_optional_interfaces_give_absent_values(tmp_path):
+    shutil.copytree(os.path.join(TREES, "container-cgroup2", "sys", "devices", "system", "cpu"),
+                    tmp_path / "sys" / "devices" / "system" / "cpu")
+    shutil.rmtree(tmp_path / "sys" / "devices" / "system" / "cpu" / "cpufreq")
+    shutil.rmtree(tmp_path / "sys" / "devices" / "system" / "cpu" / "cpuidle")
+    result = cpu_topology.gather(str(tmp_path))
+    assert result["physical_cores"] == 4
+    assert result["cpufreq"]["present"] is False
+    assert result["cpuidle"]["driver"] is None
+    assert result["thp"] == {"supported": False, "enabled": None, "defrag": None}
+    assert result["numa_nodes"] == []
+    assert (result["memory_mb"], result["affinity"], result["cgroup"]["version"]) == (None, None, None)
+    assert result["vendor"] is None
+    assert result["recommended"]["numa_node"] is None
+    assert result["recommended"]["cpus"] == [0, 1, 2, 3]
+
+
+def test_sysroot_without_cpu_sysfs_fails_with_message(tmp_path):
+    with pytest.raises(cpu_topology.TopologyError, match="has no sys/devices/system/cpu"):
+        cpu_topology.gather(str(tmp_path))
+
+
+def test_cache_size_units():
+    assert [cpu_topology.parse_size_kib(s) for s in ("48K", "2048K", "32M", "1G", None)] == [48, 2048, 32768, 1048576, None]
+
+
+def run_module(*args):
+    """Run the module through ansible on localhost; return (rc, result dict)."""
+    ansible = os.path.join(os.path.dirname(sys.executable), "ansible")
+    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.posix.json")
+    proc = subprocess.run(
+        [ansible, "localhost", "-i", "localhost,", "-c", "local", "-m", "cpu_topology",
+         "-e", "ansible_python_interpreter=" + sys.executable, *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    return proc.returncode, json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]["localhost"]
+
+
+def test_module_through_ansible_in_check_mode():
+    rc, result = run_module("--check", "-a", "sysroot=" + os.path.join(TREES, "container-cgroup2"))
+    assert rc == 0
+    assert result["changed"] is False
+    assert result["ansible_facts"]["cpu_topology"] == facts("container-cgroup2")
+
+
+def test_module_through_ansible_fails_cleanly(tmp_path):
+    rc, result = run_module("-a", "sysroot=" + str(tmp_path))
+    assert rc == 2
+    assert result["msg"] == ("sysroot %s has no sys/devices/system/cpu: not a Linux sysfs tree "
+                             "(capture one with tests/fixtures/topology/capture.sh)" % tmp_path)
+    assert "Traceback" not in json.dumps(result)
+
+
+def test_live_system_agrees_with_lscpu():
+    result = cpu_topology.gather("/")
+    assert_agrees_with_lscpu(result, lscpu())
+    assert result["affinity"] == sorted(os.sched_getaffinity(0))
+    assert set(result["usable_cpus"]) <= set(result["online_cpus"])
+    assert isinstance(result["numa_policy_permitted"], bool)
+    assert result["recommended"]["threads"] >= 1
+
+
+def test_live_container_detection_agrees_with_systemd():
+    tool = shutil.which("systemd-detect-virt")
+    if tool is None:
+        pytest.skip("systemd-detect-virt is not installed")
+    expected = subprocess.run([tool, "--container"], capture_output=True, text=True, check=False).stdout.strip()
+    assert cpu_topology.gather("/")["virtualization"]["container"] == expected

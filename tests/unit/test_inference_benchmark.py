@@ -1,0 +1,267 @@
+"""library/inference_benchmark.py against the real `transformers serve` running a proxy model (no mocks)."""
+
+import json
+import os
+import socket
+import statistics
+import subprocess
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import inference_benchmark as bench  # noqa: E402  (library/ is on sys.path via conftest)
+from conftest import ROOT, VENV_BIN, free_port  # noqa: E402
+
+PROMPTS = ["What is the capital of Australia?", "请用一句话解释什么是人工智能。", "Why is the sky blue?"]
+
+
+def params(**overrides):
+    """Module options with the module's own defaults, as AnsibleModule would fill them."""
+    values = {name: spec.get("default") for name, spec in bench.ARGUMENT_SPEC.items()}
+    values.update(prompts=PROMPTS, max_tokens=12, requests=3, warmup=0, timeout=60)
+    values.update(overrides)
+    return values
+
+
+@pytest.fixture(scope="module")
+def model_id(inference_server, tiny_proxy_dir):
+    return str(tiny_proxy_dir)
+
+
+@pytest.fixture(scope="module")
+def run_1_2(inference_server, model_id, tmp_path_factory):
+    """One real run at concurrency 1 and 2 (shared by the shape tests to keep the file fast)."""
+    report = tmp_path_factory.mktemp("bench") / "sub" / "report.json"
+    result, failure, warnings = bench.run(params(url=inference_server, concurrency=[1, 2], warmup=1,
+                                                 report_path=str(report)))
+    return result, failure, warnings, report
+
+
+def test_result_shape_and_real_values(run_1_2, inference_server, model_id, tiny_proxy_dir):
+    result, failure, _warnings, report = run_1_2
+    assert failure is None
+    assert result["changed"] is False
+    assert (result["url"], result["model"], result["max_tokens"]) == (inference_server, model_id, 12)
+    assert result["token_count_source"] == "usage"
+    assert [level["concurrency"] for level in result["levels"]] == [1, 2]
+    for level in result["levels"]:
+        assert (level["requests"], level["errors"], level["error_messages"]) == (3, 0, [])
+        # Random weights practically never sample an end-of-sequence token: every request hits max_tokens.
+        assert level["output_tokens"] == 36
+        assert [s["output_tokens"] for s in level["samples"]] == [12, 12, 12]
+        assert 0 < level["ttft_ms"]["p50"] <= level["ttft_ms"]["p95"] <= level["ttft_ms"]["p99"]
+        assert 0 < level["itl_ms"]["p50"] <= level["itl_ms"]["p95"]
+        assert level["e2e_ms"]["p50"] > level["ttft_ms"]["p50"]
+        for sample in level["samples"]:
+            decode_s = (sample["e2e_ms"] - sample["ttft_ms"]) / 1000
+            assert sample["decode_tokens_per_s"] == pytest.approx(11 / decode_s, rel=1e-3)
+        assert level["decode_tokens_per_s"]["mean"] == pytest.approx(
+            statistics.fmean(s["decode_tokens_per_s"] for s in level["samples"]), rel=1e-3)
+        assert level["output_tokens_per_s"] == pytest.approx(36 / level["wall_s"], rel=1e-2)
+        assert level["requests_per_s"] == pytest.approx(3 / level["wall_s"], rel=1e-2)
+    # The server's prompt token counts are those of the real tokenizer and chat template.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_proxy_dir)
+    lengths = [len(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                                 return_dict=True)["input_ids"]) for p in PROMPTS]
+    assert result["levels"][0]["prompt_tokens_mean"] == round(statistics.fmean(lengths), 1)
+    level1 = result["levels"][0]
+    assert result["summary"] == {
+        "concurrency": 1, "ttft_ms_p50": level1["ttft_ms"]["p50"], "ttft_ms_p95": level1["ttft_ms"]["p95"],
+        "itl_ms_p50": level1["itl_ms"]["p50"], "tpot_ms_p50": level1["tpot_ms"]["p50"],
+        "e2e_ms_p50": level1["e2e_ms"]["p50"], "decode_tokens_per_s": level1["decode_tokens_per_s"]["p50"],
+        "decode_tokens_per_s_mean": level1["decode_tokens_per_s"]["mean"],
+        "output_tokens_per_s": level1["output_tokens_per_s"], "requests_per_s": level1["requests_per_s"],
+        "errors": 0}
+    assert result["gain"] == {}
+    assert result["host_load"]["cpus"] == os.cpu_count()
+    assert len(result["host_load"]["loadavg_before"]) == len(result["host_load"]["loadavg_after"]) == 3
+    assert json.loads(report.read_text()) == result
+
+
+def test_percentiles_are_inclusive_quantiles():
+    assert bench.percentiles([10.0, 20.0, 30.0, 40.0], (50, 95, 99)) == {"p50": 25.0, "p95": 38.5, "p99": 39.7}
+    assert bench.percentiles([7.0], (50, 95)) == {"p50": 7.0, "p95": 7.0}
+    assert bench.percentiles([], (50,)) == {"p50": None}
+
+
+def test_gain_against_a_baseline(run_1_2):
+    result = run_1_2[0]
+    summary = result["summary"]
+    baseline = {"summary": dict(summary, ttft_ms_p50=summary["ttft_ms_p50"] * 2,
+                                decode_tokens_per_s=summary["decode_tokens_per_s"] / 2)}
+    gain = bench.gains(summary, baseline)
+    assert gain["ttft_ms_p50"] == 2.0  # half the latency of the baseline: twice as good
+    assert gain["decode_tokens_per_s"] == 2.0
+    assert gain["output_tokens_per_s"] == 1.0
+    assert "errors" not in gain and "concurrency" not in gain
+
+
+def test_fail_below_names_the_figure(inference_server, model_id):
+    baseline = {"summary": {"decode_tokens_per_s": 1000000.0, "ttft_ms_p50": 0.001}}
+    result, failure, _ = bench.run(params(url=inference_server, model=model_id, requests=2, baseline=baseline,
+                                          fail_below={"decode_tokens_per_s": 0.9}))
+    new = result["summary"]["decode_tokens_per_s"]
+    ratio = result["gain"]["decode_tokens_per_s"]
+    assert ratio == round(new / 1000000.0, 4) and ratio < 0.9
+    assert failure == (f"below baseline: decode_tokens_per_s {new} vs baseline 1000000.0: ratio {ratio} < 0.9")
+    assert result["levels"][0]["errors"] == 0
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"fail_below": {"decode_tokens_per_s": 0.9}}, "fail_below needs a baseline to compare with"),
+    ({"fail_below": {"tokens": 0.9}, "baseline": {"summary": {}}},
+     "fail_below: unknown figure(s) tokens; choose from ttft_ms_p50, ttft_ms_p95, itl_ms_p50, tpot_ms_p50, "
+     "e2e_ms_p50, decode_tokens_per_s, decode_tokens_per_s_mean, output_tokens_per_s, requests_per_s"),
+    ({"fail_below": {"ttft_ms_p50": "fast"}, "baseline": {"summary": {}}},
+     "fail_below.ttft_ms_p50 must be a number > 0 (a ratio to the baseline), got 'fast'"),
+    ({"concurrency": [0]}, "concurrency must be a non-empty list of integers >= 1"),
+    ({"url": "127.0.0.1:8000"}, "url must be http(s)://host[:port], got '127.0.0.1:8000'"),
+])
+def test_bad_options_fail_before_any_request(options, message):
+    result, failure, _ = bench.run(params(model="m", **options))
+    assert failure == message
+    assert "levels" not in result
+
+
+def test_unreachable_url_counts_errors_and_fails():
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    result, failure, _ = bench.run(params(url=url, model="m", requests=2))
+    assert result["levels"][0]["errors"] == 2
+    assert result["levels"][0]["ttft_ms"] == {"p50": None, "p95": None, "p99": None}
+    assert failure == (f"all 2 requests at concurrency 1 to {url} failed: "
+                       "ConnectionRefusedError: [Errno 111] Connection refused")
+    result, failure, _ = bench.run(params(url=url, model=None))
+    assert failure.startswith(f"cannot list models at {url}/v1/models ([Errno 111] Connection refused)")
+
+
+def test_check_mode_sends_nothing(tmp_path):
+    report = tmp_path / "r.json"
+    result, failure, _ = bench.run(params(url=f"http://127.0.0.1:{free_port()}", report_path=str(report)),
+                                   check_mode=True)
+    assert (result, failure) == ({"changed": False, "skipped": True, "msg": "check mode: no request sent"}, None)
+    assert not report.exists()
+
+
+class TimingRelay:
+    """A TCP relay in front of the server that timestamps every byte it forwards, one record per connection.
+
+    It times the very same requests the module makes, independently of the module's HTTP and SSE code.
+    """
+
+    def __init__(self, upstream_port):
+        self.upstream_port = upstream_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.connections = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            for sock in (client, upstream):  # forward each SSE event at once, as the server itself does
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            record = {"request_at": None, "chunks": []}
+            self.connections.append(record)
+            threading.Thread(target=self._pump, args=(client, upstream, record, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, record, True), daemon=True).start()
+
+    @staticmethod
+    def _pump(src, dst, record, from_server):
+        while True:
+            data = src.recv(65536)
+            now = time.perf_counter()
+            if not data:
+                break
+            if from_server:
+                record["chunks"].append((now, data))
+            elif record["request_at"] is None:
+                record["request_at"] = now
+            dst.sendall(data)
+        try:
+            dst.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass
+
+    def close(self):
+        self.listener.close()
+
+
+def relay_timing(record):
+    """(ttft_ms, decode_tokens_per_s, completion_tokens) of one recorded streaming response."""
+    raw = b"".join(data for _, data in record["chunks"])
+    ends = []  # raw byte offset at which each received piece ends, with its arrival time
+    offset = 0
+    for at, data in record["chunks"]:
+        offset += len(data)
+        ends.append((offset, at))
+
+    def arrival(raw_offset):
+        return next(at for end, at in ends if end > raw_offset)
+
+    head_end = raw.index(b"\r\n\r\n") + 4
+    assert b"transfer-encoding: chunked" in raw[:head_end].lower()
+    first, tokens, pos = None, None, head_end
+    while True:  # HTTP/1.1 chunked body: "<hex size>\r\n<data>\r\n", one SSE event per chunk here
+        line_end = raw.index(b"\r\n", pos)
+        size = int(raw[pos:line_end], 16)
+        if size == 0:
+            break
+        data = raw[line_end + 2:line_end + 2 + size]
+        for line in data.split(b"\n"):
+            if line.startswith(b"data: {"):
+                event = json.loads(line[6:])
+                if first is None and any((c.get("delta") or {}).get("content") for c in event["choices"]):
+                    first = arrival(line_end + 2 + size - 1)
+                tokens = (event.get("usage") or {}).get("completion_tokens", tokens)
+        pos = line_end + 2 + size + 2
+    last = ends[-1][1]
+    return (first - record["request_at"]) * 1000, (tokens - 1) / (last - first), tokens
+
+
+def test_ttft_and_decode_speed_agree_with_independent_timing(inference_server, model_id):
+    relay = TimingRelay(int(inference_server.rsplit(":", 1)[1]))
+    try:
+        result, failure, _ = bench.run(params(url=f"http://127.0.0.1:{relay.port}", model=model_id, requests=5,
+                                              max_tokens=16))
+    finally:
+        relay.close()
+    assert failure is None
+    samples = result["levels"][0]["samples"]
+    measured = [relay_timing(record) for record in relay.connections]
+    assert [m[2] for m in measured] == [s["output_tokens"] for s in samples] == [16] * 5
+    level = result["levels"][0]
+    print([(round(m[0], 1), s["ttft_ms"], round(m[1], 2), s["decode_tokens_per_s"]) for m, s in zip(measured, samples)])
+    assert level["ttft_ms"]["p50"] == pytest.approx(statistics.median(m[0] for m in measured), rel=0.05)
+    assert level["decode_tokens_per_s"]["p50"] == pytest.approx(statistics.median(m[1] for m in measured),
+                                                                rel=0.05)
+
+
+def ansible_adhoc(args, *extra):
+    """Run the module through `ansible localhost -m inference_benchmark`; returns (rc, host result dict)."""
+    cmd = [os.path.join(VENV_BIN, "ansible"), "localhost", "-M", os.path.join(ROOT, "library"),
+           "-m", "inference_benchmark", "-a", json.dumps(args), *extra]
+    env = dict(os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false",
+               ANSIBLE_NOCOLOR="true")
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env, check=False)
+    return done.returncode, json.loads(done.stdout.split(" => ", 1)[1])
+
+
+def test_through_ansible(inference_server, model_id):
+    rc, out = ansible_adhoc({"url": inference_server, "model": model_id, "requests": 2, "max_tokens": 8,
+                             "warmup": 0, "api_key": "secret-key"})
+    assert rc == 0, out
+    assert out["changed"] is False
+    assert out["summary"]["errors"] == 0 and out["summary"]["ttft_ms_p50"] > 0
+    assert out["levels"][0]["output_tokens"] == 16
+    assert "secret-key" not in json.dumps(out)
+    rc, out = ansible_adhoc({"url": inference_server, "requests": 2}, "--check")
+    assert (rc, out["skipped"], out["changed"]) == (0, True, False)
