@@ -121,7 +121,9 @@ cmdline:
   type: str
   sample: "intel_idle.max_cstate=1 quiet"
 overridden_by:
-  description: Drop-ins whose assignment hides part of the edit (the edit has no effect until fixed).
+  description:
+    - Files whose assignment hides part of the edit - a drop-in that reassigns the variable, or the file
+      assigning the other GRUB_CMDLINE_LINUX* variable with a later copy of a parameter (the last copy wins).
   returned: always
   type: list
   elements: str
@@ -239,6 +241,7 @@ def write_file(module, path, text):
 
 
 def main():
+    """Run the module: validate options, plan the edit, write it unless in check mode."""
     module = AnsibleModule(
         argument_spec=dict(
             path=dict(type="path", default="/etc/default/grub"),

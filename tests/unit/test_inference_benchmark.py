@@ -4,6 +4,7 @@ import json
 import os
 import socket
 import statistics
+import struct
 import subprocess
 import threading
 import time
@@ -148,9 +149,12 @@ def test_check_mode_sends_nothing(tmp_path):
 
 
 class TimingRelay:
-    """A TCP relay in front of the server that timestamps every byte it forwards, one record per connection.
+    """A TCP relay in front of the server that timestamps the bytes it forwards, one record per connection.
 
     It times the very same requests the module makes, independently of the module's HTTP and SSE code.
+    Times are CLOCK_REALTIME seconds: the request's arrival is the kernel's receive timestamp (SO_TIMESTAMPNS,
+    socket(7)), so the relay's own thread wake-ups do not shift it; a response piece is timed right after it
+    has been handed to the module's socket, the moment the module can read it.
     """
 
     def __init__(self, upstream_port):
@@ -166,30 +170,37 @@ class TimingRelay:
                 client, _ = self.listener.accept()
             except OSError:
                 return
+            client.setsockopt(socket.SOL_SOCKET, socket.SO_TIMESTAMPNS, 1)
             upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
             for sock in (client, upstream):  # forward each SSE event at once, as the server itself does
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             record = {"request_at": None, "chunks": []}
             self.connections.append(record)
-            threading.Thread(target=self._pump, args=(client, upstream, record, False), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client, record, True), daemon=True).start()
+            threading.Thread(target=self._requests, args=(client, upstream, record), daemon=True).start()
+            threading.Thread(target=self._responses, args=(upstream, client, record), daemon=True).start()
 
     @staticmethod
-    def _pump(src, dst, record, from_server):
+    def _requests(client, upstream, record):
         while True:
-            data = src.recv(65536)
-            now = time.perf_counter()
+            data, ancillary, _flags, _addr = client.recvmsg(65536, socket.CMSG_SPACE(16))
             if not data:
                 break
-            if from_server:
-                record["chunks"].append((now, data))
-            elif record["request_at"] is None:
-                record["request_at"] = now
-            dst.sendall(data)
-        try:
-            dst.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
+            for level, kind, value in ancillary:
+                if (level, kind) == (socket.SOL_SOCKET, socket.SO_TIMESTAMPNS) and record["request_at"] is None:
+                    seconds, nanoseconds = struct.unpack("qq", value)
+                    record["request_at"] = seconds + nanoseconds / 1e9
+            upstream.sendall(data)
+        upstream.shutdown(socket.SHUT_WR)
+
+    @staticmethod
+    def _responses(upstream, client, record):
+        while True:
+            data = upstream.recv(65536)
+            if not data:
+                break
+            client.sendall(data)
+            record["chunks"].append((time.time(), data))
+        client.shutdown(socket.SHUT_WR)
 
     def close(self):
         self.listener.close()
@@ -231,12 +242,12 @@ def test_ttft_and_decode_speed_agree_with_independent_timing(inference_server, m
     relay = TimingRelay(int(inference_server.rsplit(":", 1)[1]))
     try:
         result, failure, _ = bench.run(params(url=f"http://127.0.0.1:{relay.port}", model=model_id, requests=5,
-                                              max_tokens=16))
+                                              max_tokens=16, warmup=1))
     finally:
         relay.close()
     assert failure is None
     samples = result["levels"][0]["samples"]
-    measured = [relay_timing(record) for record in relay.connections]
+    measured = [relay_timing(record) for record in relay.connections[1:]]  # [0] is the warmup request
     assert [m[2] for m in measured] == [s["output_tokens"] for s in samples] == [16] * 5
     level = result["levels"][0]
     print([(round(m[0], 1), s["ttft_ms"], round(m[1], 2), s["decode_tokens_per_s"]) for m, s in zip(measured, samples)])

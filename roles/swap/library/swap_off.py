@@ -131,7 +131,7 @@ def main():
                              "%d MiB short, nothing changed"
                              % (sum(a["used_kb"] for a in swaps) // 1024,
                                 meminfo.get("MemAvailable", meminfo.get("MemFree", 0)) // 1024,
-                                params["memory_margin_mb"], short // 1024 + 1), **result)
+                                params["memory_margin_mb"], -(-short // 1024)), **result)
         for area in swaps:
             code = 0 if module.check_mode else swapoff(area["filename"])
             if code in (errno.EPERM, errno.EACCES):

@@ -1,0 +1,75 @@
+"""tuning_state module and module_utils/llmtune_state.py: originals and backups recorded once."""
+
+import json
+
+import pytest
+import tuning_state
+
+from ansible.module_utils.testing import patch_module_args
+
+
+def run(args, capsys, check_mode=False):
+    with patch_module_args(dict(args, _ansible_check_mode=check_mode, _ansible_diff=True)):
+        with pytest.raises(SystemExit):
+            tuning_state.main()
+    return json.loads(capsys.readouterr().out)
+
+
+def test_key_recorded_once(tmp_path, capsys):
+    path = str(tmp_path / "llmtune" / "state.json")
+    first = run({"path": path, "key": "thp.enabled", "original": "always [madvise] never"}, capsys)
+    second = run({"path": path, "key": "thp.enabled", "original": "always madvise [never]"}, capsys)
+    assert (first["changed"], second["changed"]) == (True, False)
+    assert second["entry"]["original"] == "always [madvise] never"
+    state = json.loads(open(path).read())
+    assert state["settings"]["thp.enabled"]["original"] == "always [madvise] never"
+    assert oct((tmp_path / "llmtune" / "state.json").stat().st_mode & 0o777) == "0o600"
+
+
+def test_check_mode_writes_nothing(tmp_path, capsys):
+    path = tmp_path / "state.json"
+    result = run({"path": str(path), "key": "swap.swappiness", "original": "60"}, capsys, check_mode=True)
+    assert result["changed"] is True
+    assert not path.exists()
+
+
+def test_file_backup_once_and_missing_file(tmp_path, capsys):
+    path = str(tmp_path / "state" / "state.json")
+    edited = tmp_path / "etc" / "fstab"
+    edited.parent.mkdir()
+    edited.write_text("/swap.img none swap sw 0 0\n")
+    first = run({"path": path, "file": str(edited)}, capsys)
+    assert first["backup"] == str(tmp_path / "state" / "backup" / str(edited).lstrip("/"))
+    edited.write_text("#llmtune# /swap.img none swap sw 0 0\n")
+    second = run({"path": path, "file": str(edited)}, capsys)
+    assert (first["changed"], second["changed"]) == (True, False)
+    assert open(first["backup"]).read() == "/swap.img none swap sw 0 0\n"
+    missing = run({"path": path, "file": str(tmp_path / "etc" / "sysctl.d" / "90-llmtune-swap.conf")}, capsys)
+    assert missing["backup"] is None
+    assert missing["entry"]["existed"] is False
+
+
+def test_read_returns_whole_state(tmp_path, capsys):
+    path = str(tmp_path / "state.json")
+    run({"path": path, "key": "numa.numa_balancing", "original": "1"}, capsys)
+    result = run({"path": path, "state": "read"}, capsys)
+    assert result["changed"] is False
+    assert result["state"]["settings"]["numa.numa_balancing"]["original"] == "1"
+    assert result["state"]["files"] == {}
+    assert run({"path": str(tmp_path / "none.json"), "state": "read"}, capsys)["state"] == {
+        "version": 1, "settings": {}, "files": {}}
+
+
+def test_damaged_state_fails_and_is_kept(tmp_path, capsys):
+    path = tmp_path / "state.json"
+    path.write_text("[1, 2]")
+    result = run({"path": str(path), "key": "thp.defrag", "original": "madvise"}, capsys)
+    assert result["failed"] is True
+    assert result["msg"] == "llmtune state file %s: %s is not a JSON object" % (path, path)
+    assert path.read_text() == "[1, 2]"
+
+
+def test_key_and_file_are_exclusive(tmp_path, capsys):
+    result = run({"path": str(tmp_path / "s.json"), "key": "a.b", "original": "1", "file": "/etc/fstab"}, capsys)
+    assert result["failed"] is True
+    assert "mutually exclusive" in result["msg"]
