@@ -13,22 +13,22 @@ description:
     times each one from just before the connection is opened, on the managed host itself.
   - Per request it measures TTFT (time to the first content delta), end-to-end latency (to the end of the
     stream), the output token count, the inter-token latencies (ITL, gaps between content deltas), TPOT
-    (time per output token after the first, C((e2e - ttft) / (tokens - 1))) and the decode speed
-    C((tokens - 1) / (e2e - ttft)) in tokens/s. Reasoning deltas (C(reasoning_content)) count as content.
+    (time per output token after the first, (e2e - ttft) / (tokens - 1)) and the decode speed
+    (tokens - 1) / (e2e - ttft) in tokens/s. Reasoning deltas (C(reasoning_content)) count as content.
   - Output tokens come from the C(usage.completion_tokens) of the stream (asked for with
     C(stream_options.include_usage)); a server that sends no usage is counted by content deltas, which
     undercounts when one delta carries several tokens. RV(token_count_source) says which was used.
   - Runs C(warmup) unrecorded requests first, then C(requests) requests at each level of C(concurrency).
     Requests cycle through C(prompts) from the first one at every level, so levels and runs are comparable.
-  - Percentiles are C(statistics.quantiles(values, n=100, method="inclusive")), the linear interpolation
+  - Percentiles are Python C(statistics.quantiles) with C(n=100) and C(method="inclusive"), the linear interpolation
     between closest ranks that C(numpy.percentile) uses by default; one value is its own percentile.
-  - Records the host load average (C(os.getloadavg())) before and after, and warns when the 1-minute load
-    before the run is at least half the CPU count: another busy process on a small machine lowers decode
-    speed more than any tuning changes it.
+  - Records the host load average (C(os.getloadavg)) before and after, and warns when the 1-minute load
+    before the run is at least half the CPU count, because another busy process on a small machine lowers
+    decode speed more than any tuning changes it.
   - Never changes the host, so C(changed) is always false, also when O(report_path) is written (the report
     is an output of the measurement, not managed state). In check mode no request is sent and the result
     is RV(skipped).
-  - Only the Python standard library is used (C(http.client), C(concurrent.futures)): it runs with the
+  - Only the Python standard library is used (C(http.client), C(concurrent.futures)), so it runs with the
     managed host's system python3.
 version_added: "0.1.0"
 author: llmtune project
@@ -44,7 +44,7 @@ options:
     type: str
   api_key:
     description:
-      - Sent as C(Authorization: Bearer) when set.
+      - Sent as the C(Authorization) header (C(Bearer) token) when set.
     type: str
   prompts:
     description:
@@ -97,9 +97,9 @@ options:
     type: path
   fail_below:
     description:
-      - Minimum ratio to O(baseline) per RV(summary) figure, for example C({decode_tokens_per_s: 0.9}). The
-        ratio is the RV(gain) (latencies baseline/new, rates new/baseline: above 1 is better). A figure below
-        its minimum fails the task with a message naming the figure, its value, the baseline and the ratio.
+      - "Minimum ratio to O(baseline) per RV(summary) figure, for example C({decode_tokens_per_s: 0.9}). The
+        ratio is the RV(gain) (latencies baseline/new, rates new/baseline; above 1 is better). A figure below
+        its minimum fails the task with a message naming the figure, its value, the baseline and the ratio."
       - Needs O(baseline). Checked before any request is sent.
     type: dict
 notes:
@@ -177,7 +177,7 @@ host_load:
   type: dict
   contains:
     cpus:
-      description: C(os.cpu_count()).
+      description: Logical CPUs, C(os.cpu_count).
       type: int
     loadavg_before:
       description: 1, 5 and 15-minute load averages before the first request.

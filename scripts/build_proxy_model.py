@@ -32,6 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the HF hub: ever
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRESET_DIR = os.path.join(ROOT, "files", "proxy_models")
 MARKER = "proxy.json"
+BUILT_FILES = ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
 def presets():
@@ -121,7 +122,8 @@ def build(args):
     preset, tok_spec, digest = load_preset(args.preset)
     marker = marker_for(args, digest)
     found = read_marker(args.out) or {}
-    if {key: found.get(key) for key in marker} == marker:
+    complete = all(os.path.exists(os.path.join(args.out, name)) for name in BUILT_FILES)
+    if complete and {key: found.get(key) for key in marker} == marker:
         return "unchanged"
     from transformers import GenerationConfig
 

@@ -88,3 +88,20 @@ def inference_server(tiny_proxy_dir, tmp_path_factory):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+TORCH_TEST_FILES = ("test_proxy_model.py", "test_inference_benchmark.py")
+
+
+def pytest_collect_file(file_path, parent):
+    """Import torch._dynamo before any test module imports ansible.module_utils.basic.
+
+    ansible-core replaces sys.intern with a patch object; torch._dynamo, imported lazily by generate() and
+    meta-device model building, then fails with "substitute_in_graph expects a function". Only the torch
+    tests pay the import time, and pytest calls this hook for every file of a directory before it imports any.
+    """
+    if file_path.name in TORCH_TEST_FILES and "torch._dynamo" not in sys.modules:
+        try:
+            import torch._dynamo  # noqa: F401
+        except ImportError:
+            pass

@@ -16,6 +16,7 @@ pytest.importorskip("transformers")
 import inference_benchmark as bench  # noqa: E402  (library/ is on sys.path via conftest)
 from conftest import ROOT, VENV_BIN, free_port  # noqa: E402
 
+SO_TIMESTAMPNS = 35  # asm-generic/socket.h (x86-64, arm64); Python's socket module does not export it
 PROMPTS = ["What is the capital of Australia?", "请用一句话解释什么是人工智能。", "Why is the sky blue?"]
 
 
@@ -161,7 +162,7 @@ class TimingRelay:
         self.upstream_port = upstream_port
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
-        self.connections = []
+        self.connections, self.pumps = [], []
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -170,14 +171,16 @@ class TimingRelay:
                 client, _ = self.listener.accept()
             except OSError:
                 return
-            client.setsockopt(socket.SOL_SOCKET, socket.SO_TIMESTAMPNS, 1)
+            client.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
             upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
             for sock in (client, upstream):  # forward each SSE event at once, as the server itself does
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             record = {"request_at": None, "chunks": []}
             self.connections.append(record)
-            threading.Thread(target=self._requests, args=(client, upstream, record), daemon=True).start()
-            threading.Thread(target=self._responses, args=(upstream, client, record), daemon=True).start()
+            for pump, args in ((self._requests, (client, upstream, record)),
+                               (self._responses, (upstream, client, record))):
+                self.pumps.append(threading.Thread(target=pump, args=args, daemon=True))
+                self.pumps[-1].start()
 
     @staticmethod
     def _requests(client, upstream, record):
@@ -186,7 +189,7 @@ class TimingRelay:
             if not data:
                 break
             for level, kind, value in ancillary:
-                if (level, kind) == (socket.SOL_SOCKET, socket.SO_TIMESTAMPNS) and record["request_at"] is None:
+                if (level, kind) == (socket.SOL_SOCKET, SO_TIMESTAMPNS) and record["request_at"] is None:
                     seconds, nanoseconds = struct.unpack("qq", value)
                     record["request_at"] = seconds + nanoseconds / 1e9
             upstream.sendall(data)
@@ -203,7 +206,10 @@ class TimingRelay:
         client.shutdown(socket.SHUT_WR)
 
     def close(self):
+        """Stop accepting and wait until every connection is closed, so all records are complete."""
         self.listener.close()
+        for pump in self.pumps:
+            pump.join(timeout=10)
 
 
 def relay_timing(record):
@@ -242,7 +248,7 @@ def test_ttft_and_decode_speed_agree_with_independent_timing(inference_server, m
     relay = TimingRelay(int(inference_server.rsplit(":", 1)[1]))
     try:
         result, failure, _ = bench.run(params(url=f"http://127.0.0.1:{relay.port}", model=model_id, requests=5,
-                                              max_tokens=16, warmup=1))
+                                              max_tokens=16, warmup=1, timeout=20))
     finally:
         relay.close()
     assert failure is None
@@ -250,29 +256,30 @@ def test_ttft_and_decode_speed_agree_with_independent_timing(inference_server, m
     measured = [relay_timing(record) for record in relay.connections[1:]]  # [0] is the warmup request
     assert [m[2] for m in measured] == [s["output_tokens"] for s in samples] == [16] * 5
     level = result["levels"][0]
-    print([(round(m[0], 1), s["ttft_ms"], round(m[1], 2), s["decode_tokens_per_s"]) for m, s in zip(measured, samples)])
     assert level["ttft_ms"]["p50"] == pytest.approx(statistics.median(m[0] for m in measured), rel=0.05)
     assert level["decode_tokens_per_s"]["p50"] == pytest.approx(statistics.median(m[1] for m in measured),
                                                                 rel=0.05)
 
 
 def ansible_adhoc(args, *extra):
-    """Run the module through `ansible localhost -m inference_benchmark`; returns (rc, host result dict)."""
+    """Run the module through `ansible localhost -m inference_benchmark`; returns (rc, stdout)."""
     cmd = [os.path.join(VENV_BIN, "ansible"), "localhost", "-M", os.path.join(ROOT, "library"),
            "-m", "inference_benchmark", "-a", json.dumps(args), *extra]
     env = dict(os.environ, ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_INVENTORY_UNPARSED_WARNING="false",
-               ANSIBLE_NOCOLOR="true")
+               ANSIBLE_NOCOLOR="true", ANSIBLE_CALLBACK_RESULT_FORMAT="json")
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env, check=False)
-    return done.returncode, json.loads(done.stdout.split(" => ", 1)[1])
+    return done.returncode, done.stdout
 
 
 def test_through_ansible(inference_server, model_id):
-    rc, out = ansible_adhoc({"url": inference_server, "model": model_id, "requests": 2, "max_tokens": 8,
-                             "warmup": 0, "api_key": "secret-key"})
-    assert rc == 0, out
+    rc, stdout = ansible_adhoc({"url": inference_server, "model": model_id, "requests": 2, "max_tokens": 8,
+                                "warmup": 0, "api_key": "secret-key"})
+    assert rc == 0, stdout
+    assert stdout.startswith("localhost | SUCCESS => {")
+    out = json.loads(stdout.split(" => ", 1)[1])
     assert out["changed"] is False
     assert out["summary"]["errors"] == 0 and out["summary"]["ttft_ms_p50"] > 0
     assert out["levels"][0]["output_tokens"] == 16
-    assert "secret-key" not in json.dumps(out)
-    rc, out = ansible_adhoc({"url": inference_server, "requests": 2}, "--check")
-    assert (rc, out["skipped"], out["changed"]) == (0, True, False)
+    assert "secret-key" not in stdout
+    rc, stdout = ansible_adhoc({"url": inference_server, "requests": 2}, "--check")
+    assert (rc, stdout.strip()) == (0, "localhost | SKIPPED")

@@ -32,19 +32,21 @@ prepare() {
   log "disk $disk ready with this run's key"
 }
 
-# KVM only when a guest really runs under it: here /dev/kvm exists but QEMU aborts with it.
+# KVM only when a kernel really runs under it: here /dev/kvm exists and firmware runs, but the kernel hangs.
+# The probe boots the image's kernel without a root disk: it panics at once and QEMU exits (-no-reboot).
 accel() {
   case ${LLMTUNE_VM_ACCEL:-auto} in
     kvm) echo "-accel kvm -cpu host"; return;;
     tcg) echo "-accel tcg -cpu max"; return;;
   esac
-  local rc=0
+  local probe=$LLMTUNE_VM_RUN/kvm-probe.log
+  rm -f "$probe"
   if [ -w /dev/kvm ]; then
-    timeout 5 qemu-system-x86_64 -accel kvm -cpu host -m 64 -display none -nodefaults -no-user-config \
-      >/dev/null 2>&1 || rc=$?
+    timeout 30 qemu-system-x86_64 -accel kvm -cpu host -m 256 -display none -nodefaults -no-user-config \
+      -no-reboot -kernel "$VM_BASE_IMAGE.vmlinuz" -append 'console=ttyS0 panic=-1' -serial "file:$probe" \
+      >/dev/null 2>&1 || true
   fi
-  # 124: still running after 5 s of guest firmware, so KVM works.
-  if [ "$rc" -eq 124 ]; then echo "-accel kvm -cpu host"; else echo "-accel tcg -cpu max"; fi
+  if grep -qs 'VFS: Unable to mount root' "$probe"; then echo "-accel kvm -cpu host"; else echo "-accel tcg -cpu max"; fi
 }
 
 start() {
@@ -56,13 +58,15 @@ start() {
   local accel_args
   accel_args=$(accel)
   log "starting the VM ($accel_args, $VM_CPUS CPUs, $VM_MEMORY_MB MiB, ssh on 127.0.0.1:$(vm_port))"
-  # shellcheck disable=SC2086 # accel_args is a list of options
+  # Output to a file: the daemon would keep a caller's pipe open. accel_args is a list of options.
+  # shellcheck disable=SC2086
   qemu-system-x86_64 $accel_args -smp "$VM_CPUS" -m "$VM_MEMORY_MB" -name llmtune-vm \
     -drive "file=$disk,format=raw,if=virtio,cache=unsafe" \
     -netdev "user,id=net0,hostfwd=tcp:127.0.0.1:$(vm_port)-:22" -device virtio-net-pci,netdev=net0 \
     -device virtio-rng-pci \
     -chardev "file,id=console,path=$serial,append=on" -serial chardev:console \
-    -display none -daemonize -pidfile "$pidfile"
+    -display none -daemonize -pidfile "$pidfile" >"$LLMTUNE_VM_RUN/qemu.log" 2>&1 ||
+    { cat "$LLMTUNE_VM_RUN/qemu.log" >&2; die "QEMU did not start"; }
   wait_ssh
 }
 

@@ -26,7 +26,7 @@ cleanup() {
   if [ -n "$uuid_link" ]; then rm -f "$uuid_link"; rmdir /dev/disk/by-uuid /dev/disk 2>/dev/null || true; fi
   if mountpoint -q "$mnt"; then umount -R "$mnt"; fi
   if [ -n "$loop" ]; then partx -d "$loop" 2>/dev/null || true; losetup -d "$loop"; fi
-  rm -f "$tmp"
+  rm -f "$tmp" "$tmp.vmlinuz"
 }
 trap cleanup EXIT
 
@@ -94,11 +94,14 @@ ln -sf "${loop}p1" "$uuid_link"
 chroot "$mnt" update-grub >>"$LLMTUNE_VM_DIR/debootstrap.log" 2>&1
 grep -q "root=UUID=$uuid" "$mnt/boot/grub/grub.cfg" || die "grub.cfg does not boot UUID=$uuid"
 
+# The kernel alone, for boot.sh's KVM probe.
+cp "$(readlink -f "$mnt/vmlinuz")" "$tmp.vmlinuz"
 umount -R "$mnt"
 partx -d "$loop" 2>/dev/null || true
 losetup -d "$loop"
 loop=
+mv "$tmp.vmlinuz" "$VM_BASE_IMAGE.vmlinuz"
 mv "$tmp" "$VM_BASE_IMAGE"
 # Images of older versions of this script are dead weight.
-find "$LLMTUNE_VM_DIR" -maxdepth 1 -name 'bookworm-*.raw' ! -path "$VM_BASE_IMAGE" -delete
+find "$LLMTUNE_VM_DIR" -maxdepth 1 -name 'bookworm-*.raw*' ! -name "$(basename "$VM_BASE_IMAGE")*" -delete
 log "image $VM_BASE_IMAGE built"
