@@ -52,11 +52,34 @@ options:
         Chinese and half in English, as users ask a small chat model.
     type: list
     elements: str
+  prompt_tokens:
+    description:
+      - Send one fixed-length synthetic prompt instead of O(prompts), for runs comparable across hosts and
+        settings. It is that many common English words, each one token of the Qwen2/Qwen3 BPE tokenizer
+        (other tokenizers give about as many tokens). The chat template adds its own tokens (about 10 for
+        Qwen3); RV(levels[].prompt_tokens_mean) reports what the server counted.
+      - Mutually exclusive with O(prompts).
+    type: int
   max_tokens:
     description:
-      - C(max_tokens) of each request, in tokens. Generation may stop earlier at an end-of-sequence token.
+      - C(max_tokens) of each request, in tokens. Generation may stop earlier at an end-of-sequence token,
+        unless O(ignore_eos) is set.
     type: int
     default: 64
+  ignore_eos:
+    description:
+      - Ask the engine to generate exactly O(max_tokens) tokens, ignoring end-of-sequence, so every request
+        decodes the same length. Sends a C(generation_config) JSON string setting C(min_new_tokens) and
+        C(max_new_tokens) to O(max_tokens); C(transformers serve) builds the request's C(GenerationConfig)
+        from it (C(transformers/cli/serving/utils.py)), so sampling is then greedy. C(transformers serve)
+        rejects unknown fields (HTTP 422), so the C(ignore_eos) field of vLLM and SGLang is not sent.
+    type: bool
+    default: false
+  decode_upper_bound:
+    description:
+      - Roofline of decode for this host and model in tokens/s (memory bandwidth / bytes read per decoded
+        token, from the C(memory_bandwidth) module). Fills RV(roofline).
+    type: float
   requests:
     description:
       - Recorded requests at each concurrency level.
@@ -167,6 +190,14 @@ max_tokens:
   description: C(max_tokens) sent with each request.
   returned: success
   type: int
+prompt_tokens:
+  description: O(prompt_tokens) (null when O(prompts) were sent).
+  returned: success
+  type: int
+ignore_eos:
+  description: O(ignore_eos).
+  returned: success
+  type: bool
 started:
   description: UTC start time of the run, ISO 8601.
   returned: success
@@ -265,6 +296,18 @@ gain:
   returned: success
   type: dict
   sample: {decode_tokens_per_s: 1.18, ttft_ms_p50: 1.25}
+roofline:
+  description: Measured decode speed (RV(summary.decode_tokens_per_s)) against O(decode_upper_bound).
+  returned: when O(decode_upper_bound) is set
+  type: dict
+  contains:
+    upper_bound_tokens_per_s:
+      description: O(decode_upper_bound).
+      type: float
+    percent:
+      description: Measured decode tokens/s as a percent of the upper bound (null without a measurement).
+      type: float
+  sample: {upper_bound_tokens_per_s: 38.2, percent: 41.5}
 report_path:
   description: File the result was written to.
   returned: when O(report_path) is set
@@ -335,6 +378,16 @@ DEFAULT_PROMPTS = [
     "请把“谢谢你的帮助”翻译成英文。",
 ]
 
+# Common English words that are one token each in the Qwen2/Qwen3 BPE vocabulary (checked with its tokenizer.json).
+SYNTHETIC_WORDS = (
+    "time year people way day man thing woman life child world school state family student group country problem "
+    "hand part place case week company system program question work government number night point home water room "
+    "mother area money story fact month lot right study book eye job word business issue side kind head house "
+    "service friend father power hour game line end member law car city community name president team minute idea "
+    "kid body information back parent face others level office door health person art war history party result "
+    "change morning reason research girl guy moment air teacher force education"
+).split()
+
 PERCENTILE_METHOD = "statistics.quantiles(n=100, method='inclusive')"
 # Summary figures with a gain: for latencies lower is better (gain baseline/new), for rates higher (new/baseline).
 LATENCY_FIGURES = ("ttft_ms_p50", "ttft_ms_p95", "itl_ms_p50", "tpot_ms_p50", "e2e_ms_p50")
@@ -353,6 +406,17 @@ def percentiles(values, points):
         return {f"p{p}": round(values[0], 3) for p in points}
     cuts = statistics.quantiles(values, n=100, method="inclusive")
     return {f"p{p}": round(cuts[p - 1], 3) for p in points}
+
+
+def synthetic_prompt(tokens):
+    """A prompt of TOKENS words cycling through SYNTHETIC_WORDS (TOKENS tokens for the Qwen tokenizer)."""
+    return " ".join(SYNTHETIC_WORDS[i % len(SYNTHETIC_WORDS)] for i in range(tokens))
+
+
+def roofline(decode_tokens_per_s, upper_bound):
+    """Measured decode speed as a percent of the roofline UPPER_BOUND (tokens/s); percent None without data."""
+    percent = round(100.0 * decode_tokens_per_s / upper_bound, 1) if decode_tokens_per_s else None
+    return {"upper_bound_tokens_per_s": round(upper_bound, 3), "percent": percent}
 
 
 def _endpoint(url):
@@ -413,6 +477,9 @@ def stream_request(url, model, prompt, params):
             "max_tokens": params["max_tokens"], "stream": True}
     if params["include_usage"]:
         body["stream_options"] = {"include_usage": True}
+    if params["ignore_eos"]:
+        body["generation_config"] = json.dumps({"min_new_tokens": params["max_tokens"],
+                                                "max_new_tokens": params["max_tokens"]})
     start = time.perf_counter()
     conn, prefix = _connect(url, params["timeout"])
     deltas, usage = [], None
@@ -530,7 +597,13 @@ def gains(summary, baseline):
 
 def check_options(params):
     """One-line error for bad options, before any request; None when they are fine."""
-    if not params["prompts"]:
+    if params["prompts"] is not None and params["prompt_tokens"] is not None:
+        return "prompts and prompt_tokens are mutually exclusive"
+    if params["prompt_tokens"] is not None and params["prompt_tokens"] < 1:
+        return "prompt_tokens must be >= 1"
+    if params["decode_upper_bound"] is not None and params["decode_upper_bound"] <= 0:
+        return "decode_upper_bound must be > 0 tokens/s"
+    if params["prompts"] == []:
         return "prompts must not be empty"
     if params["max_tokens"] < 1 or params["requests"] < 1 or params["warmup"] < 0 or params["timeout"] <= 0:
         return "max_tokens and requests must be >= 1, warmup >= 0 and timeout > 0"
@@ -590,11 +663,13 @@ def run(params, check_mode=False):
     PARAMS holds every module option (defaults applied). The result is returned also on failure, so the
     caller can show the figures next to the message.
     """
-    params = dict(params, prompts=params.get("prompts") or DEFAULT_PROMPTS)
     result, warnings = {"changed": False}, []
     problem = check_options(params)
     if problem:
         return result, problem, warnings
+    if params["prompt_tokens"]:
+        params = dict(params, prompts=[synthetic_prompt(params["prompt_tokens"])])
+    params = dict(params, prompts=params["prompts"] or DEFAULT_PROMPTS)
     if check_mode:
         return dict(result, skipped=True, msg="check mode: no request sent"), None, warnings
     url = params["url"].rstrip("/")
@@ -604,7 +679,8 @@ def run(params, check_mode=False):
     except BenchmarkError as error:
         return result, str(error), warnings
     cpus = os.cpu_count() or 1
-    result.update(url=url, model=model, max_tokens=params["max_tokens"], percentile_method=PERCENTILE_METHOD,
+    result.update(url=url, model=model, max_tokens=params["max_tokens"], prompt_tokens=params["prompt_tokens"],
+                  ignore_eos=params["ignore_eos"], percentile_method=PERCENTILE_METHOD,
                   started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   host_load={"cpus": cpus, "loadavg_before": [round(x, 2) for x in os.getloadavg()]})
     if result["host_load"]["loadavg_before"][0] >= cpus / 2:
@@ -619,6 +695,8 @@ def run(params, check_mode=False):
     result["levels"] = levels
     result["summary"] = summarize(min(levels, key=lambda level: level["concurrency"]))
     result["gain"] = gains(result["summary"], params["baseline"]) if params["baseline"] else {}
+    if params["decode_upper_bound"]:
+        result["roofline"] = roofline(result["summary"]["decode_tokens_per_s"], params["decode_upper_bound"])
     failure = None
     for level in levels:
         if level["errors"] == level["requests"]:
@@ -643,7 +721,10 @@ ARGUMENT_SPEC = {
     "model": {"type": "str"},
     "api_key": {"type": "str", "no_log": True},
     "prompts": {"type": "list", "elements": "str"},
+    "prompt_tokens": {"type": "int"},
     "max_tokens": {"type": "int", "default": 64},
+    "ignore_eos": {"type": "bool", "default": False},
+    "decode_upper_bound": {"type": "float"},
     "requests": {"type": "int", "default": 8},
     "concurrency": {"type": "list", "elements": "int", "default": [1]},
     "warmup": {"type": "int", "default": 1},

@@ -283,3 +283,44 @@ def test_through_ansible(inference_server, model_id):
     assert "secret-key" not in stdout
     rc, stdout = ansible_adhoc({"url": inference_server, "requests": 2}, "--check")
     assert (rc, stdout.strip()) == (0, "localhost | SKIPPED")
+
+
+# --- fixed-length synthetic prompt, ignore_eos, roofline ---
+
+@pytest.mark.parametrize("tokens", [1, 100, 128, 333])
+def test_synthetic_prompt_has_exactly_that_many_qwen_tokens(tiny_proxy_dir, tokens):
+    from tokenizers import Tokenizer
+    tokenizer = Tokenizer.from_file(str(tiny_proxy_dir / "tokenizer.json"))
+    assert len(tokenizer.encode(bench.synthetic_prompt(tokens)).ids) == tokens
+
+
+def test_synthetic_prompt_and_ignore_eos_reach_the_server(inference_server, model_id, tiny_proxy_dir):
+    from transformers import AutoTokenizer
+    prompt = bench.synthetic_prompt(64)
+    # What the server tokenizes: the chat template around the synthetic prompt.
+    templated = AutoTokenizer.from_pretrained(str(tiny_proxy_dir)).apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True, return_dict=True)
+    result, failure, _ = bench.run(params(url=inference_server, model=model_id, prompts=None, prompt_tokens=64,
+                                          ignore_eos=True, max_tokens=10, requests=2, decode_upper_bound=1e6))
+    assert failure is None
+    level = result["levels"][0]
+    assert level["prompt_tokens_mean"] == len(templated["input_ids"])
+    assert [s["output_tokens"] for s in level["samples"]] == [10, 10]
+    assert (result["prompt_tokens"], result["ignore_eos"]) == (64, True)
+    decode = result["summary"]["decode_tokens_per_s"]
+    assert result["roofline"] == {"upper_bound_tokens_per_s": 1e6, "percent": round(100.0 * decode / 1e6, 1)}
+
+
+def test_roofline_percent():
+    assert bench.roofline(12.5, 50.0) == {"upper_bound_tokens_per_s": 50.0, "percent": 25.0}
+    assert bench.roofline(None, 50.0) == {"upper_bound_tokens_per_s": 50.0, "percent": None}
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"prompt_tokens": 8}, "prompts and prompt_tokens are mutually exclusive"),
+    ({"prompts": None, "prompt_tokens": 0}, "prompt_tokens must be >= 1"),
+    ({"decode_upper_bound": 0.0}, "decode_upper_bound must be > 0 tokens/s"),
+])
+def test_bad_synthetic_and_roofline_options(options, message):
+    result, failure, _ = bench.run(params(model="m", **options))
+    assert (failure, "levels" in result) == (message, False)

@@ -33,9 +33,7 @@ phase() {
   [ "$rc" -eq 0 ] || die "phase $name failed (rc $rc), log $LLMTUNE_VM_RUN/$name.log"
 }
 
-playbook() {
-  ansible-playbook -i "$inventory" "$@"
-}
+playbook=(ansible-playbook -i "$inventory")
 
 boot_id() { vm_ssh cat /proc/sys/kernel/random/boot_id; }
 
@@ -48,7 +46,7 @@ optional_playbook() {
   local name=$1
   shift
   if [ -f "playbooks/$name.yml" ]; then
-    phase "$name" 1800 playbook "playbooks/$name.yml" "$@"
+    phase "$name" 1800 "${playbook[@]}" "playbooks/$name.yml" "$@"
   else
     notes+=("playbooks/$name.yml: not yet available, step skipped")
     log "playbooks/$name.yml not yet available: skipped"
@@ -59,16 +57,16 @@ vm_need_packages qemu-system-x86_64:qemu-system-x86 qemu-img:qemu-utils ssh:open
 "$VM_SCRIPTS/boot.sh" stop
 phase build-image 1200 "$VM_SCRIPTS/build-image.sh"
 phase boot 900 bash -c "'$VM_SCRIPTS/boot.sh' prepare && '$VM_SCRIPTS/boot.sh' start"
-phase record 600 playbook tests/vm/checks.yml -e vm_checks_mode=record
+phase record 600 "${playbook[@]}" tests/vm/checks.yml -e vm_checks_mode=record
 
 before=$(boot_id)
-phase site-1 5400 playbook site.yml -e grub_reboot_ok=true -e proxy_model_layers=2 -e "proxy_model_dir=$model"
+phase site-1 5400 "${playbook[@]}" site.yml -e grub_reboot_ok=true -e proxy_model_layers=2 -e "proxy_model_dir=$model"
 [ "$(boot_id)" != "$before" ] || die "site.yml did not reboot the VM (boot id $before unchanged)"
-phase checks-tuned 900 playbook tests/vm/checks.yml -e vm_checks_mode=tuned
+phase checks-tuned 900 "${playbook[@]}" tests/vm/checks.yml -e vm_checks_mode=tuned
 optional_playbook verify
 
 before=$(boot_id)
-phase site-2 3600 playbook site.yml -e grub_reboot_ok=true -e proxy_model_layers=2 -e "proxy_model_dir=$model"
+phase site-2 3600 "${playbook[@]}" site.yml -e grub_reboot_ok=true -e proxy_model_layers=2 -e "proxy_model_dir=$model"
 [ -z "$(recap_changed "$LLMTUNE_VM_RUN/site-2.log")" ] ||
   die "second site.yml changed something: $(recap_changed "$LLMTUNE_VM_RUN/site-2.log")"
 [ "$(boot_id)" = "$before" ] || die "second site.yml rebooted the VM"
@@ -80,7 +78,7 @@ if [ -f playbooks/rollback.yml ]; then
   if [ "$(boot_id)" = "$before" ]; then
     phase reboot 1500 ansible -i "$inventory" inference_nodes -m ansible.builtin.reboot -a reboot_timeout=1200
   fi
-  phase checks-original 900 playbook tests/vm/checks.yml -e vm_checks_mode=original
+  phase checks-original 900 "${playbook[@]}" tests/vm/checks.yml -e vm_checks_mode=original
 else
   notes+=("playbooks/rollback.yml: not yet available, rollback, reboot and checks of the originals skipped")
 fi

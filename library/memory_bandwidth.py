@@ -1,0 +1,340 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Ansible module memory_bandwidth: STREAM-style read bandwidth probe and the decode roofline of a model."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: memory_bandwidth
+short_description: Measure memory read bandwidth and the decode upper bound (roofline) of an LLM on a host
+description:
+  - Runs a short STREAM-style read probe in the inference service's Python environment (O(python)), pinned to
+    the service's CPUs (O(cpus), with sched_setaffinity(2)) and thread count (O(threads), via
+    C(torch.set_num_threads) and C(OMP_NUM_THREADS)), so it reads memory the way the engine's matrix-vector
+    products do. The probe sums an O(size_mb) float32 array (much larger than the last-level cache)
+    O(repeats) times and keeps the fastest pass; bandwidth = array bytes / time, in GB/s (10^9 bytes/s).
+    It uses torch when the environment has it (multi-threaded reduction), else numpy (one thread).
+  - With O(model_path), reads the model's weight sizes from the safetensors headers alone (8-byte
+    little-endian header length, then a JSON map of tensor name to dtype, shape and data offsets; see
+    U(https://huggingface.co/docs/safetensors/index)), no torch needed, and the attention shape from its
+    C(config.json).
+  - "Bytes read per decoded token = weight bytes + KV cache bytes. Decode at batch 1 reads every weight once per
+    token. The input embedding is a row lookup (one row read), but with C(tie_word_embeddings) the same matrix
+    is the output projection and is read in full; it is stored and counted once. KV cache read per token =
+    num_hidden_layers x 2 (K and V) x num_key_value_heads x head_dim x O(context_tokens) x bytes per element."
+  - Decode upper bound (tokens/s) = bandwidth / bytes read per decoded token. Compute, attention arithmetic and
+    activations are left out, so a real engine stays below it; the fraction reached shows how much tuning
+    can still gain.
+  - Never changes the host (C(changed) is always false). Runs in check mode too (it only reads).
+version_added: "0.1.0"
+author: llmtune project
+options:
+  python:
+    description:
+      - Python interpreter of the inference service's environment.
+    type: path
+    default: /opt/llmtune/venv/bin/python
+  cpus:
+    description:
+      - Logical CPUs to pin the probe to, in the syntax of systemd's C(CPUAffinity=) (systemd.exec(5)) CPU
+        numbers or ranges separated by spaces or commas, for example C(0-3 8). Default (empty) the CPUs this
+        module may run on (sched_getaffinity(2)).
+    type: str
+    default: ""
+  threads:
+    description:
+      - Probe threads, as the service's C(OMP_NUM_THREADS). Default the number of O(cpus).
+    type: int
+  size_mb:
+    description:
+      - Probe array size in MiB. Keep it several times the last-level cache.
+    type: int
+    default: 256
+  repeats:
+    description:
+      - Timed passes over the array; the fastest counts (as STREAM reports the best time).
+    type: int
+    default: 5
+  timeout:
+    description:
+      - Seconds the probe may take, imports included.
+    type: int
+    default: 120
+  model_path:
+    description:
+      - Directory holding the model's C(*.safetensors) and C(config.json). Without it only the bandwidth is
+        returned.
+    type: path
+  dtype:
+    description:
+      - Dtype the service computes in (its C(--dtype)); C(auto) keeps each tensor's stored dtype and the
+        C(dtype) (or C(torch_dtype)) of C(config.json) for the KV cache.
+    type: str
+    default: auto
+    choices: [auto, bfloat16, float16, float32]
+  context_tokens:
+    description:
+      - Mean context length during decode (prompt plus half the output) for the KV cache term, in tokens.
+    type: int
+    default: 256
+seealso:
+  - name: STREAM benchmark
+    link: https://www.cs.virginia.edu/stream/
+  - name: Roofline model (Williams, Waterman, Patterson, CACM 2009)
+    link: https://doi.org/10.1145/1498765.1498785
+"""
+
+EXAMPLES = r"""
+- name: Decode roofline of the served model with the service's CPUs and threads
+  memory_bandwidth:
+    python: /opt/llmtune/venv/bin/python
+    cpus: "0 1 2 3"
+    threads: 4
+    model_path: /opt/llmtune/models/qwen3-0.6b
+    dtype: bfloat16
+    context_tokens: 160
+  register: llmtune_roofline
+
+- name: Show it
+  ansible.builtin.debug:
+    msg: "{{ llmtune_roofline.bandwidth_gb_s }} GB/s -> at most {{ llmtune_roofline.decode_upper_bound_tokens_per_s }} tokens/s"
+"""
+
+RETURN = r"""
+bandwidth_gb_s:
+  description: Read bandwidth of the fastest pass, 10^9 bytes/s.
+  returned: success
+  type: float
+  sample: 18.4
+probe:
+  description: How the bandwidth was measured.
+  returned: success
+  type: dict
+  contains:
+    engine:
+      description: C(torch <version>) or C(numpy <version>).
+      type: str
+    cpus:
+      description: CPUs the probe was pinned to.
+      type: list
+      elements: int
+    threads:
+      description: Probe threads.
+      type: int
+    bytes:
+      description: Bytes read per pass.
+      type: int
+    best_s:
+      description: Seconds of the fastest pass.
+      type: float
+    median_s:
+      description: Median seconds of the passes.
+      type: float
+model:
+  description: Bytes the model reads per decoded token; returned with O(model_path).
+  returned: when O(model_path) is set
+  type: dict
+  contains:
+    parameters:
+      description: Elements of all stored tensors.
+      type: int
+    stored_bytes:
+      description: Bytes of all stored tensors (sum of safetensors data offsets).
+      type: int
+    tied_embeddings:
+      description: Whether the output projection is the input embedding (C(tie_word_embeddings), or no
+        separate C(lm_head.weight) stored).
+      type: bool
+    weight_bytes_per_token:
+      description: Weight bytes read per decoded token at O(dtype).
+      type: int
+    kv_bytes_per_token:
+      description: KV cache bytes read per decoded token at O(context_tokens).
+      type: int
+    bytes_per_token:
+      description: Sum of the two.
+      type: int
+decode_upper_bound_tokens_per_s:
+  description: Bandwidth / bytes read per decoded token, tokens/s at batch 1.
+  returned: when O(model_path) is set
+  type: float
+  sample: 14.9
+"""
+
+import glob
+import json
+import os
+import statistics
+import struct
+import subprocess
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmtune_sysfs import parse_cpu_list
+
+# Bytes per element of the safetensors dtype names (safetensors format specification).
+SAFETENSORS_DTYPE_BYTES = {
+    "F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1,
+    "U16": 2, "U32": 4, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1,
+}
+FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
+TORCH_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+
+# Runs in the service's interpreter: argv = threads, bytes, repeats; prints one JSON line.
+PROBE = r"""
+import json, sys, time
+threads, size, repeats = (int(arg) for arg in sys.argv[1:4])
+try:
+    import torch
+    torch.set_num_threads(threads)
+    array = torch.ones(size // 4, dtype=torch.float32)
+    read = lambda: array.sum().item()
+    engine = "torch " + torch.__version__
+except ImportError:
+    import numpy
+    array = numpy.ones(size // 4, dtype=numpy.float32)
+    read = lambda: float(array.sum())
+    engine = "numpy " + numpy.__version__
+read()  # page in and warm up the thread pool
+times = []
+for _ in range(repeats):
+    start = time.perf_counter()
+    read()
+    times.append(time.perf_counter() - start)
+print(json.dumps({"engine": engine, "bytes": size // 4 * 4, "times": times}))
+"""
+
+
+class RooflineError(Exception):
+    """One-line message for the task output."""
+
+
+def safetensors_tensors(path):
+    """{name: (dtype, elements, bytes)} from the header of one .safetensors file; RooflineError if malformed."""
+    try:
+        with open(path, "rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+    except (OSError, struct.error, ValueError) as error:
+        raise RooflineError(f"cannot read the safetensors header of {path}: {error}") from error
+    tensors = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        elements = 1
+        for dim in info["shape"]:
+            elements *= dim
+        start, end = info["data_offsets"]
+        tensors[name] = (info["dtype"], elements, end - start)
+    return tensors
+
+
+def model_bytes_per_token(model_path, dtype="auto", context_tokens=256):
+    """Bytes read per decoded token of the model in MODEL_PATH (dict as RETURN model); RooflineError on failure."""
+    files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
+    if not files:
+        raise RooflineError(f"no *.safetensors in {model_path}")
+    try:
+        with open(os.path.join(model_path, "config.json"), encoding="utf-8") as handle:
+            config = json.load(handle)
+    except (OSError, ValueError) as error:
+        raise RooflineError(f"cannot read {model_path}/config.json: {error}") from error
+    config = config.get("text_config", config)  # multimodal checkpoints nest the language model's config
+    tensors = {}
+    for path in files:
+        tensors.update(safetensors_tensors(path))
+
+    def size(dtype_name, elements, stored):
+        if dtype == "auto" or dtype_name not in FLOAT_DTYPES:
+            return stored
+        return elements * TORCH_DTYPE_BYTES[dtype]
+
+    weight = sum(size(*t) for t in tensors.values())
+    embedding = next((t for name, t in tensors.items() if name.endswith("embed_tokens.weight")), None)
+    tied = bool(config.get("tie_word_embeddings")) or not any(name.endswith("lm_head.weight") for name in tensors)
+    if embedding and not tied:
+        # Untied: the input embedding is only a row lookup per token.
+        rows = embedding[1] // config["hidden_size"]
+        weight -= size(*embedding) - size(*embedding) // rows
+    kv_dtype = dtype if dtype != "auto" else config.get("dtype") or config.get("torch_dtype") or "float32"
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    kv = config["num_hidden_layers"] * 2 * kv_heads * head_dim * context_tokens * TORCH_DTYPE_BYTES.get(kv_dtype, 4)
+    return {
+        "parameters": sum(t[1] for t in tensors.values()),
+        "stored_bytes": sum(t[2] for t in tensors.values()),
+        "tied_embeddings": tied,
+        "weight_bytes_per_token": weight,
+        "kv_bytes_per_token": kv,
+        "bytes_per_token": weight + kv,
+    }
+
+
+def probe_bandwidth(python, cpus, threads, size_mb, repeats, timeout):
+    """Run PROBE with PYTHON pinned to CPUS; returns (GB/s, probe dict). RooflineError on failure."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    cmd = [python, "-c", PROBE, str(threads), str(size_mb * 2**20), str(repeats)]
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+                              preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    except (OSError, subprocess.SubprocessError) as error:
+        raise RooflineError(f"cannot run the probe with {python}: {error}") from error
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RooflineError(f"probe with {python} failed (exit {done.returncode}): {last}")
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    best = min(out["times"])
+    probe = {"engine": out["engine"], "cpus": sorted(cpus), "threads": threads, "bytes": out["bytes"],
+             "best_s": round(best, 6), "median_s": round(statistics.median(out["times"]), 6)}
+    return round(out["bytes"] / best / 1e9, 3), probe
+
+
+def run(params):
+    """Measure; returns (result, failure message or None)."""
+    result = {"changed": False}
+    try:
+        cpus = parse_cpu_list(",".join(params["cpus"].split())) or sorted(os.sched_getaffinity(0))
+    except ValueError:
+        return result, f"cpus must be CPU numbers or ranges (CPUAffinity= syntax), got {params['cpus']!r}"
+    threads = params["threads"] or len(cpus)
+    if threads < 1 or params["size_mb"] < 1 or params["repeats"] < 1 or params["context_tokens"] < 0:
+        return result, "threads, size_mb and repeats must be >= 1 and context_tokens >= 0"
+    if not os.access(params["python"], os.X_OK):
+        return result, f"python {params['python']} is not an executable file (is the service installed?)"
+    try:
+        model = (model_bytes_per_token(params["model_path"], params["dtype"], params["context_tokens"])
+                 if params["model_path"] else None)
+        bandwidth, probe = probe_bandwidth(params["python"], cpus, threads, params["size_mb"], params["repeats"],
+                                           params["timeout"])
+    except (RooflineError, OSError) as error:
+        return result, str(error)
+    result.update(bandwidth_gb_s=bandwidth, probe=probe)
+    if model:
+        result.update(model=model, decode_upper_bound_tokens_per_s=round(bandwidth * 1e9 / model["bytes_per_token"], 3))
+    return result, None
+
+
+ARGUMENT_SPEC = {
+    "python": {"type": "path", "default": "/opt/llmtune/venv/bin/python"},
+    "cpus": {"type": "str", "default": ""},
+    "threads": {"type": "int"},
+    "size_mb": {"type": "int", "default": 256},
+    "repeats": {"type": "int", "default": 5},
+    "timeout": {"type": "int", "default": 120},
+    "model_path": {"type": "path"},
+    "dtype": {"type": "str", "default": "auto", "choices": ["auto", "bfloat16", "float16", "float32"]},
+    "context_tokens": {"type": "int", "default": 256},
+}
+
+
+def main():
+    """Run the module; it only reads, so it also measures in check mode."""
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    result, failure = run(module.params)
+    if failure:
+        module.fail_json(msg=failure, **result)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()

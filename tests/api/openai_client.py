@@ -1,0 +1,99 @@
+#!/usr/bin/env python3
+"""Talk to the deployed service with the official ``openai`` client, as LangChain's ChatOpenAI does.
+
+Run on the node with the service venv's Python (``openai`` is a dependency of ``transformers[serving]``)::
+
+    /opt/llmtune/venv/bin/python openai_client.py --base-url http://127.0.0.1:8000/v1 --model /opt/llmtune/models/m
+
+Checks a non-streamed and a streamed chat completion (real text, real token counts, a finish reason), and,
+with ``--expect-auth``, that a wrong API key raises ``openai.AuthenticationError`` (HTTP 401 from the proxy).
+Prints one JSON line with what was observed; exits 1 with a one-line reason on the first failed check.
+"""
+
+import argparse
+import json
+import sys
+
+import openai
+
+
+def check(condition: bool, message: str) -> None:
+    """Stop with a one-line reason when a check fails."""
+    if not condition:
+        sys.exit(f"FAIL: {message}")
+
+
+def non_streamed(client: openai.OpenAI, model: str, max_tokens: int) -> dict:
+    """One chat completion in one JSON answer; returns its text and usage."""
+    answer = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "What is a CPU cache?"}],
+        max_tokens=max_tokens,
+    )
+    choice = answer.choices[0]
+    check(bool(choice.message.content), f"empty content: {answer!r}")
+    check(choice.finish_reason in ("stop", "length"), f"finish_reason {choice.finish_reason!r}")
+    check(answer.usage is not None, "no usage in the answer")
+    check(answer.usage.prompt_tokens > 0, f"prompt_tokens {answer.usage.prompt_tokens}")
+    check(0 < answer.usage.completion_tokens <= max_tokens, f"completion_tokens {answer.usage.completion_tokens}")
+    check(answer.usage.total_tokens == answer.usage.prompt_tokens + answer.usage.completion_tokens, "total_tokens")
+    return {"content": choice.message.content, "usage": answer.usage.model_dump(), "finish_reason": choice.finish_reason}
+
+
+def streamed(client: openai.OpenAI, model: str, max_tokens: int) -> dict:
+    """One chat completion as server-sent events; returns the joined text, chunk count and usage."""
+    pieces, finish_reason, chunks, usage = [], None, 0, None
+    with client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Name three CPU registers."}],
+        max_tokens=max_tokens,
+        stream=True,
+    ) as stream:
+        for chunk in stream:
+            chunks += 1
+            usage = chunk.usage or usage
+            for choice in chunk.choices:
+                pieces.append(choice.delta.content or "")
+                finish_reason = choice.finish_reason or finish_reason
+    content = "".join(pieces)
+    # Tokens arrive one by one, so a multi-token answer comes in several chunks.
+    check(sum(1 for p in pieces if p) > 1, f"{chunks} chunks, content pieces {pieces!r}")
+    check(bool(content), "empty streamed content")
+    check(finish_reason in ("stop", "length"), f"stream finish_reason {finish_reason!r}")
+    # transformers serve sends usage in the last chunk without being asked (stream_options is ignored).
+    check(usage is not None and 0 < usage.completion_tokens <= max_tokens, f"stream usage {usage!r}")
+    return {"content": content, "chunks": chunks, "finish_reason": finish_reason, "usage": usage.model_dump()}
+
+
+def wrong_key_refused(base_url: str, model: str) -> str:
+    """A wrong bearer token must raise AuthenticationError (401); returns the error code."""
+    client = openai.OpenAI(base_url=base_url, api_key="wrong-key-0123456789", max_retries=0)
+    try:
+        client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=1)
+    except openai.AuthenticationError as error:
+        return str(error.code)
+    sys.exit("FAIL: a wrong API key was accepted")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-url", required=True, help="API root, e.g. http://127.0.0.1:8000/v1")
+    parser.add_argument("--model", required=True, help="model name the service serves")
+    parser.add_argument("--api-key", default="none", help="bearer token (any value when the engine is direct)")
+    parser.add_argument("--max-tokens", type=int, default=8, help="tokens to generate per request")
+    parser.add_argument("--expect-auth", action="store_true", help="also check that a wrong key gets 401")
+    args = parser.parse_args()
+
+    client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, timeout=300, max_retries=0)
+    result = {
+        "openai_version": openai.__version__,
+        "non_streamed": non_streamed(client, args.model, args.max_tokens),
+        "streamed": streamed(client, args.model, args.max_tokens),
+    }
+    if args.expect_auth:
+        result["wrong_key_error"] = wrong_key_refused(args.base_url, args.model)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
