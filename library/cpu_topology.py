@@ -398,7 +398,8 @@ import shutil
 import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmtune_sysfs import parse_bracketed, parse_cpu_list, read_text, sysroot_path
+from ansible.module_utils.llmtune_sysfs import (
+    parse_bracketed, parse_cpu_list, parse_meminfo, parse_proc_swaps, read_cpuidle_states, read_text, sysroot_path)
 
 CPU_DIR = "/sys/devices/system/cpu"
 NODE_DIR = "/sys/devices/system/node"
@@ -630,14 +631,8 @@ def read_cpuidle(sysroot, online, live):
     """Return the cpuidle driver, governor and states (Documentation/admin-guide/pm/cpuidle.rst)."""
     base = CPU_DIR + "/cpuidle/"
     governor = read_text(sysroot, base + "current_governor")
-    states = []
-    if online:
-        state_dir = "%s/cpu%d/cpuidle" % (CPU_DIR, online[0])
-        for index in list_numbered(sysroot, state_dir, "state"):
-            path = "%s/state%d/" % (state_dir, index)
-            states.append({"name": read_text(sysroot, path + "name"), "desc": read_text(sysroot, path + "desc"),
-                           "latency_us": read_int(sysroot, path + "latency"),
-                           "disabled": read_text(sysroot, path + "disable") == "1"})
+    states = [{key: state[key] for key in ("name", "desc", "latency_us", "disabled")}
+              for state in (read_cpuidle_states(sysroot, online[0]) if online else [])]
     release = kernel_release(sysroot, live)
     builtin = read_text(sysroot, "/lib/modules/%s/modules.builtin" % release) if release else None
     return {
@@ -659,20 +654,16 @@ def read_thp(sysroot):
 
 def read_swap(sysroot):
     """Return active swap areas of ``proc/swaps`` (sizes in KiB there, MiB here; man 5 proc)."""
-    devices, total_kib = [], 0
-    for line in read_text(sysroot, "/proc/swaps", "").splitlines()[1:]:
-        name, kind, size_kib, _used, priority = line.split()
-        devices.append({"name": name, "type": kind, "size_mb": int(size_kib) // 1024, "priority": int(priority)})
-        total_kib += int(size_kib)
-    return {"devices": devices, "total_mb": total_kib // 1024}
+    areas = parse_proc_swaps(read_text(sysroot, "/proc/swaps", ""))
+    devices = [{"name": area["filename"], "type": area["type"], "size_mb": area["size_kb"] // 1024,
+                "priority": area["priority"]} for area in areas]
+    return {"devices": devices, "total_mb": sum(area["size_kb"] for area in areas) // 1024}
 
 
 def read_memory_mb(sysroot):
     """Return ``MemTotal`` of ``proc/meminfo`` in MiB, or None."""
-    for line in read_text(sysroot, "/proc/meminfo", "").splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) // 1024
-    return None
+    total_kib = parse_meminfo(read_text(sysroot, "/proc/meminfo", "")).get("MemTotal")
+    return None if total_kib is None else total_kib // 1024
 
 
 def detect_hypervisor(sysroot, live, hypervisor_flag):

@@ -45,8 +45,9 @@ options:
     type: path
     default: /var/lib/llmtune/state.json
   state_key:
-    description: Dotted key C(<role>.<setting>) under which the original (whole file text) is recorded.
-      Nothing is recorded when omitted.
+    description: Dotted key C(<role>.<setting>) under which the original (whole file text) is recorded,
+      with O(path) as C(kernel_path) so a rollback knows where to write it back. Nothing is recorded when
+      omitted.
     type: str
 notes:
   - Runtime only. The roles keep values across reboots with sysctl.d, tmpfiles.d or a oneshot unit.
@@ -106,17 +107,9 @@ import os
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmtune_state import record_original
-from ansible.module_utils.llmtune_sysfs import parse_bracketed, parse_word_list, read_text, sysroot_path
+from ansible.module_utils.llmtune_sysfs import kernel_value, parse_word_list, read_text, sysroot_path
 
 READ_ONLY_ERRNOS = (errno.EROFS, errno.EACCES, errno.EPERM)
-
-
-def current_value(raw):
-    """Return ``(current, choices)`` of a kernel file's text; bracketed choice files give the selected word."""
-    selected, choices = parse_bracketed(raw)
-    if selected is None:
-        return " ".join(raw.split()), []
-    return selected, choices
 
 
 def main():
@@ -142,7 +135,7 @@ def main():
     raw = read_text(sysroot, path)
     if raw is None:
         module.exit_json(reason="read-only: %s cannot be read" % path, **result)
-    before, choices = current_value(raw)
+    before, choices = kernel_value(raw)
     if params["choices_path"]:
         choices = parse_word_list(read_text(sysroot, params["choices_path"])) or choices
     result.update(before=before, choices=choices)
@@ -157,7 +150,7 @@ def main():
         if not os.access(full, os.W_OK):
             module.exit_json(reason="read-only: %s (not writable)" % path, **result)
         if params["state_key"]:
-            result["original_recorded"] = record_original(params["state_path"], params["state_key"], raw, True)[0]
+            result["original_recorded"] = record_original(params["state_path"], params["state_key"], raw, True, path)[0]
         module.exit_json(**dict(result, changed=True, applied=True, after=wanted, diff=diff))
 
     try:
@@ -168,13 +161,14 @@ def main():
         module.fail_json(msg="cannot open %s for writing: %s" % (path, err.strerror), **result)
     try:
         if params["state_key"]:
-            result["original_recorded"] = record_original(params["state_path"], params["state_key"], raw)[0]
+            result["original_recorded"] = record_original(params["state_path"], params["state_key"], raw,
+                                                          kernel_path=path)[0]
         with handle:
             handle.write(wanted)
     except (OSError, ValueError) as err:
         module.fail_json(msg="writing '%s' to %s failed: %s" % (wanted, path, getattr(err, "strerror", None) or err),
                          **result)
-    after = current_value(read_text(sysroot, path, ""))[0]
+    after = kernel_value(read_text(sysroot, path, ""))[0]
     if after != wanted:
         module.warn("%s reads back '%s' after writing '%s'" % (path, after, wanted))
     module.exit_json(**dict(result, changed=True, applied=True, after=after, diff=diff))

@@ -12,7 +12,7 @@ description:
   - Runs a short STREAM-style read probe in the inference service's Python environment (O(python)), pinned to
     the service's CPUs (O(cpus), with sched_setaffinity(2)) and thread count (O(threads), via
     C(torch.set_num_threads) and C(OMP_NUM_THREADS)), so it reads memory the way the engine's matrix-vector
-    products do. The probe sums an O(size_mb) float32 array (much larger than the last-level cache)
+    products do. The probe sums a float32 array of O(size_mb) MiB (much larger than the last-level cache)
     O(repeats) times and keeps the fastest pass; bandwidth = array bytes / time, in GB/s (10^9 bytes/s).
     It uses torch when the environment has it (multi-threaded reduction), else numpy (one thread).
   - With O(model_path), reads the model's weight sizes from the safetensors headers alone (8-byte
@@ -37,7 +37,7 @@ options:
     default: /opt/llmtune/venv/bin/python
   cpus:
     description:
-      - Logical CPUs to pin the probe to, in the syntax of systemd's C(CPUAffinity=) (systemd.exec(5)) CPU
+      - Logical CPUs to pin the probe to, in the syntax of systemd's C(CPUAffinity=) (systemd.exec(5)), CPU
         numbers or ranges separated by spaces or commas, for example C(0-3 8). Default (empty) the CPUs this
         module may run on (sched_getaffinity(2)).
     type: str
@@ -98,7 +98,9 @@ EXAMPLES = r"""
 
 - name: Show it
   ansible.builtin.debug:
-    msg: "{{ llmtune_roofline.bandwidth_gb_s }} GB/s -> at most {{ llmtune_roofline.decode_upper_bound_tokens_per_s }} tokens/s"
+    msg: >-
+      {{ llmtune_roofline.bandwidth_gb_s }} GB/s, at most
+      {{ llmtune_roofline.decode_upper_bound_tokens_per_s }} tokens/s
 """
 
 RETURN = r"""

@@ -4,7 +4,8 @@
 Layout of ``/var/lib/llmtune/state.json`` (JSON object)::
 
     {"version": 1,
-     "settings": {"thp.enabled": {"original": "madvise", "recorded": "2026-01-01T00:00:00Z"}},
+     "settings": {"thp.enabled": {"original": "always [madvise] never", "recorded": "2026-01-01T00:00:00Z",
+                                  "kernel_path": "/sys/kernel/mm/transparent_hugepage/enabled"}},
      "files": {"/etc/fstab": {"existed": true, "backup": "/var/lib/llmtune/backup/etc/fstab",
                               "recorded": "..."}}}
 
@@ -62,16 +63,21 @@ def save_state(path, state):
         raise
 
 
-def record_original(path, key, original, check_mode=False):
+def record_original(path, key, original, check_mode=False, kernel_path=None):
     """Record ``original`` (str) for ``key`` unless the key is already recorded.
 
-    Returns ``(changed, entry)``: ``changed`` is True when a new entry was (or, in check mode, would
-    be) written; ``entry`` is the stored dict (``original``, ``recorded``).
+    ``kernel_path`` (str) is the sysfs/procfs file the value was read from (for example
+    ``/proc/sys/vm/swappiness``); it is stored as ``kernel_path`` so a rollback can write the original
+    back. Returns ``(changed, entry)``: ``changed`` is True when a new entry was (or, in check mode,
+    would be) written; ``entry`` is the stored dict (``original``, ``recorded``, and ``kernel_path``
+    when given).
     """
     state = load_state(path)
     if key in state["settings"]:
         return False, state["settings"][key]
     entry = {"original": original, "recorded": _now()}
+    if kernel_path:
+        entry["kernel_path"] = kernel_path
     if not check_mode:
         state["settings"][key] = entry
         save_state(path, state)

@@ -186,3 +186,30 @@ def read_cpuidle_states(sysroot, cpu=0):
             "disabled": read_text(sysroot, path + "/disable", "0") == "1",
         })
     return sorted(states, key=lambda state: state["index"])
+
+
+def kernel_value(raw):
+    """Return ``(value, choices)`` of a sysfs/procfs file's text, as a tuning role compares it.
+
+    Choice files that bracket the selected word (THP ``always [madvise] never``) give that word and the
+    listed choices; any other file gives its text with runs of white space collapsed and ``[]``
+    (``/proc/sys/vm/swappiness`` ``60``). Used by ``kernel_setting`` to decide whether to write, and by
+    the drift check and the rollback to read the same value back, so all three agree.
+    """
+    selected, choices = parse_bracketed(raw)
+    if selected is None:
+        return " ".join((raw or "").split()), []
+    return selected, choices
+
+
+def has_capability(status_text, bit):
+    """Return True when capability number ``bit`` (int, ``man 7 capabilities``) is in ``CapEff``.
+
+    ``status_text`` is the text of ``/proc/self/status`` (``CapEff:`` is a hex mask; Documentation/
+    filesystems/proc.rst). Returns None when the line is missing (not Linux, or an unreadable file).
+    """
+    for line in (status_text or "").splitlines():
+        name, _sep, value = line.partition(":")
+        if name == "CapEff":
+            return bool(int(value.strip(), 16) >> bit & 1)
+    return None

@@ -5,14 +5,16 @@ Run on the node with the service venv's Python (``openai`` is a dependency of ``
 
     /opt/llmtune/venv/bin/python openai_client.py --base-url http://127.0.0.1:8000/v1 --model /opt/llmtune/models/m
 
-Checks a non-streamed and a streamed chat completion (real text, real token counts, a finish reason), and,
-with ``--expect-auth``, that a wrong API key raises ``openai.AuthenticationError`` (HTTP 401 from the proxy).
+Checks a non-streamed and a streamed chat completion (real text, real token counts, a finish reason); behind the
+proxy, ``--expect-auth`` checks that a wrong API key raises ``openai.AuthenticationError`` (401) and
+``--expect-limit N`` that N + 2 simultaneous requests get at least two ``openai.RateLimitError`` (429).
 Prints one JSON line with what was observed; exits 1 with a one-line reason on the first failed check.
 """
 
 import argparse
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 
@@ -75,6 +77,25 @@ def wrong_key_refused(base_url: str, model: str) -> str:
     sys.exit("FAIL: a wrong API key was accepted")
 
 
+def over_the_limit(client: openai.OpenAI, model: str, limit: int) -> dict:
+    """limit + 2 requests at once: the proxy must answer the extra ones 429 (RateLimitError), the rest 200."""
+
+    def one(_: int) -> str:
+        try:
+            client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": "Count to twenty."}], max_tokens=32
+            )
+        except openai.RateLimitError:
+            return "429"
+        return "200"
+
+    with ThreadPoolExecutor(max_workers=limit + 2) as pool:
+        statuses = list(pool.map(one, range(limit + 2)))
+    counts = {status: statuses.count(status) for status in set(statuses)}
+    check(counts.get("429", 0) >= 2 and counts.get("200", 0) >= 1, f"statuses {counts} for {limit + 2} requests")
+    return counts
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", required=True, help="API root, e.g. http://127.0.0.1:8000/v1")
@@ -82,6 +103,7 @@ def main() -> None:
     parser.add_argument("--api-key", default="none", help="bearer token (any value when the engine is direct)")
     parser.add_argument("--max-tokens", type=int, default=8, help="tokens to generate per request")
     parser.add_argument("--expect-auth", action="store_true", help="also check that a wrong key gets 401")
+    parser.add_argument("--expect-limit", type=int, default=0, help="requests in flight the proxy allows (0: skip)")
     args = parser.parse_args()
 
     client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, timeout=300, max_retries=0)
@@ -92,6 +114,8 @@ def main() -> None:
     }
     if args.expect_auth:
         result["wrong_key_error"] = wrong_key_refused(args.base_url, args.model)
+    if args.expect_limit:
+        result["over_the_limit"] = over_the_limit(client, args.model, args.expect_limit)
     print(json.dumps(result))
 
 

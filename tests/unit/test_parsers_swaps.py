@@ -1,5 +1,6 @@
 """/proc/swaps and /proc/meminfo parsers, and the swap_off module's refusal and fstab edit, on fixture trees."""
 
+import errno
 import importlib.util
 import json
 import os
@@ -102,3 +103,8 @@ def test_fstab_edit_backs_up_once(sysroot, tmp_path, capsys):
     assert second["changed"] is False
     assert second["fstab_commented"] == []
     assert open(first["backup"]).read() == before
+
+
+def test_swapoff_reports_errno(tmp_path):
+    # a path that is no swap area: the kernel answers ENOENT, nothing on the host changes
+    assert swap_off.swapoff(str(tmp_path / "no-such-swapfile")) == errno.ENOENT

@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Bar chart of an auto-tune sweep: workload score and decode tokens/s per setting. Usage: plot_sweep.py IN.json OUT.png"""
+"""Bar chart of an auto-tune sweep: workload score and decode tokens/s per setting.
+
+Usage: plot_sweep.py SWEEP.json CHART.png (SWEEP.json as written by the autotune role).
+"""
 
 import json
 import sys
