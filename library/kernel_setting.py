@@ -29,7 +29,8 @@ options:
     required: true
   value:
     description: Wanted value, written as-is (no newline added). Compared to the current value with runs of
-      white space collapsed.
+      white space collapsed. A choice file's whole text (C(always [madvise] never), as the state file records
+      an original) means its bracketed word, so a rollback passes recorded originals unchanged.
     type: str
     required: true
   choices_path:
@@ -126,7 +127,7 @@ def main():
     )
     params = module.params
     path, sysroot = params["path"], params["sysroot"]
-    wanted = " ".join(params["value"].split())
+    wanted = kernel_value(params["value"])[0]
     full = sysroot_path(sysroot, path)
     result = {"changed": False, "applied": False, "original_recorded": False}
 
@@ -150,7 +151,8 @@ def main():
         if not os.access(full, os.W_OK):
             module.exit_json(reason="read-only: %s (not writable)" % path, **result)
         if params["state_key"]:
-            result["original_recorded"] = record_original(params["state_path"], params["state_key"], raw, True, path)[0]
+            result["original_recorded"] = record_original(params["state_path"], params["state_key"], raw, True,
+                                                          kernel_path=path)[0]
         module.exit_json(**dict(result, changed=True, applied=True, after=wanted, diff=diff))
 
     try:

@@ -13,7 +13,9 @@ Prints one JSON line with what was observed; exits 1 with a one-line reason on t
 
 import argparse
 import json
+import os
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -44,7 +46,8 @@ def non_streamed(client: openai.OpenAI, model: str, max_tokens: int) -> dict:
 
 def streamed(client: openai.OpenAI, model: str, max_tokens: int) -> dict:
     """One chat completion as server-sent events; returns the joined text, chunk count and usage."""
-    pieces, finish_reason, chunks, usage = [], None, 0, None
+    pieces, finish_reason, chunks, usage, first_token_at = [], None, 0, None, None
+    start = time.monotonic()
     with client.chat.completions.create(
         model=model,
         messages=[{"role": "user", "content": "Name three CPU registers."}],
@@ -56,15 +59,27 @@ def streamed(client: openai.OpenAI, model: str, max_tokens: int) -> dict:
             usage = chunk.usage or usage
             for choice in chunk.choices:
                 pieces.append(choice.delta.content or "")
+                if choice.delta.content and first_token_at is None:
+                    first_token_at = time.monotonic() - start
                 finish_reason = choice.finish_reason or finish_reason
+    total = time.monotonic() - start
     content = "".join(pieces)
     # Tokens arrive one by one, so a multi-token answer comes in several chunks.
     check(sum(1 for p in pieces if p) > 1, f"{chunks} chunks, content pieces {pieces!r}")
     check(bool(content), "empty streamed content")
     check(finish_reason in ("stop", "length"), f"stream finish_reason {finish_reason!r}")
+    # Unbuffered SSE: the first token arrives well before the last (a buffering proxy delivers all at the end).
+    check(first_token_at is not None and first_token_at < 0.8 * total, f"TTFT {first_token_at}s of {total:.2f}s")
     # transformers serve sends usage in the last chunk without being asked (stream_options is ignored).
     check(usage is not None and 0 < usage.completion_tokens <= max_tokens, f"stream usage {usage!r}")
-    return {"content": content, "chunks": chunks, "finish_reason": finish_reason, "usage": usage.model_dump()}
+    return {
+        "content": content,
+        "chunks": chunks,
+        "finish_reason": finish_reason,
+        "usage": usage.model_dump(),
+        "ttft_s": round(first_token_at, 3),
+        "total_s": round(total, 3),
+    }
 
 
 def wrong_key_refused(base_url: str, model: str) -> str:
@@ -100,7 +115,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", required=True, help="API root, e.g. http://127.0.0.1:8000/v1")
     parser.add_argument("--model", required=True, help="model name the service serves")
-    parser.add_argument("--api-key", default="none", help="bearer token (any value when the engine is direct)")
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY", "none"),
+        help="bearer token (default: $OPENAI_API_KEY; any value when the engine is direct)",
+    )
     parser.add_argument("--max-tokens", type=int, default=8, help="tokens to generate per request")
     parser.add_argument("--expect-auth", action="store_true", help="also check that a wrong key gets 401")
     parser.add_argument("--expect-limit", type=int, default=0, help="requests in flight the proxy allows (0: skip)")

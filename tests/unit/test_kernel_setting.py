@@ -112,3 +112,16 @@ def test_read_only_sysfs_attribute(tmp_path, capsys):
     assert (result["changed"], result["applied"]) == (False, False)
     assert result["reason"].startswith("read-only: %s (" % path)
     assert not (tmp_path / "state.json").exists()
+
+
+def test_kernel_path_recorded_and_original_text_written_back(tree, tmp_path, capsys):
+    # what playbooks/rollback.yml does: the recorded text goes back as the value
+    root = tree("xeon-spr")
+    args = {"path": THP_ENABLED, "sysroot": str(root), "state_path": str(tmp_path / "state.json")}
+    run(dict(args, value="never", state_key="thp.enabled"), capsys)
+    entry = state_of(tmp_path)["settings"]["thp.enabled"]
+    assert (entry["original"], entry["kernel_path"]) == ("always [madvise] never", THP_ENABLED)
+    (root / THP_ENABLED.lstrip("/")).write_text("always madvise [never]\n")
+    back = run(dict(args, value=entry["original"]), capsys)
+    assert (back["changed"], back["before"], back["after"]) == (True, "never", "madvise")
+    assert (root / THP_ENABLED.lstrip("/")).read_text() == "madvise"

@@ -73,3 +73,16 @@ def test_key_and_file_are_exclusive(tmp_path, capsys):
     result = run({"path": str(tmp_path / "s.json"), "key": "a.b", "original": "1", "file": "/etc/fstab"}, capsys)
     assert result["failed"] is True
     assert "mutually exclusive" in result["msg"]
+
+
+def test_kernel_path_stored_with_the_original(tmp_path):
+    from ansible.module_utils.llmtune_state import record_original
+
+    path = str(tmp_path / "state.json")
+    assert record_original(path, "swap.swappiness", "60", kernel_path="/proc/sys/vm/swappiness")[0] is True
+    assert record_original(path, "swap.swappiness", "1", kernel_path="/proc/sys/vm/swappiness")[0] is False
+    assert record_original(path, "grub.cmdline", "quiet")[0] is True
+    settings = json.loads(open(path).read())["settings"]
+    assert {key: {k: v for k, v in entry.items() if k != "recorded"} for key, entry in settings.items()} == {
+        "swap.swappiness": {"original": "60", "kernel_path": "/proc/sys/vm/swappiness"},
+        "grub.cmdline": {"original": "quiet"}}

@@ -15,6 +15,8 @@ description:
   - Comments out every swap line of O(fstab) (third field C(swap), whatever spaces or tabs separate the
     fields) by prefixing C(#llmtune# ), leaving all other lines byte for byte. The file is backed up once
     in the llmtune state directory before its first edit.
+  - Records the active swap areas once as C(swap.areas) (file names, one a line) in the llmtune state
+    file before turning them off, so a rollback can turn them on again.
   - When swapoff(2) is refused with EPERM (no CAP_SYS_ADMIN, for example in a container) the runtime step
     is skipped with C(runtime_reason) and the fstab edit still happens.
   - Supports check mode and diff (the fstab change).
@@ -36,7 +38,7 @@ options:
     type: path
     default: /
   state_path:
-    description: llmtune state file recording the fstab backup.
+    description: llmtune state file recording the fstab backup and the active swap areas.
     type: path
     default: /var/lib/llmtune/state.json
 author: llmtune contributors
@@ -81,7 +83,7 @@ import errno
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmtune_state import backup_file
+from ansible.module_utils.llmtune_state import backup_file, record_original
 from ansible.module_utils.llmtune_sysfs import (comment_fstab_swap, parse_meminfo, parse_proc_swaps, read_text,
                                                 sysroot_path)
 
@@ -132,6 +134,9 @@ def main():
                              % (sum(a["used_kb"] for a in swaps) // 1024,
                                 meminfo.get("MemAvailable", meminfo.get("MemFree", 0)) // 1024,
                                 params["memory_margin_mb"], -(-short // 1024)), **result)
+        # The rollback turns these areas on again (swapon); recorded once, before the first swapoff.
+        record_original(params["state_path"], "swap.areas", "\n".join(a["filename"] for a in swaps),
+                        module.check_mode)
         for area in swaps:
             code = 0 if module.check_mode else swapoff(area["filename"])
             if code in (errno.EPERM, errno.EACCES):
