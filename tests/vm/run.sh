@@ -27,7 +27,7 @@ phase() {
   local name=$1 limit=$2 start=$SECONDS rc=0
   shift 2
   log "phase $name"
-  timeout --foreground "$limit" "$@" 2>&1 | tee "$LLMTUNE_VM_RUN/$name.log" || rc=${PIPESTATUS[0]}
+  timeout "$limit" "$@" 2>&1 | tee "$LLMTUNE_VM_RUN/$name.log" || rc=${PIPESTATUS[0]}
   timings+=("$(printf '%-18s %4ss%s' "$name" $((SECONDS - start)) "$([ "$rc" -eq 0 ] || echo "  rc=$rc")")")
   [ "$rc" -ne 124 ] || die "phase $name exceeded ${limit}s"
   [ "$rc" -eq 0 ] || die "phase $name failed (rc $rc), log $LLMTUNE_VM_RUN/$name.log"
