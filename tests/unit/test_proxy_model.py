@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
+import torch  # noqa: E402
+import transformers  # noqa: E402
 
 from conftest import ROOT, build_proxy  # noqa: E402
 
