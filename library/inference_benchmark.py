@@ -73,8 +73,15 @@ options:
         C(max_new_tokens) to O(max_tokens); C(transformers serve) builds the request's C(GenerationConfig)
         from it (C(transformers/cli/serving/utils.py)), so sampling is then greedy. C(transformers serve)
         rejects unknown fields (HTTP 422), so the C(ignore_eos) field of vLLM and SGLang is not sent.
+      - With O(server=llama_cpp) sends C(min_tokens) instead (llama-cpp-python's request field, C(llama_cpp/server/types.py)).
     type: bool
     default: false
+  server:
+    description:
+      - Server the requests go to, for the one request field outside the OpenAI API (O(ignore_eos)).
+    type: str
+    default: transformers
+    choices: [transformers, llama_cpp]
   decode_upper_bound:
     description:
       - Roofline of decode for this host and model in tokens/s (memory bandwidth / bytes read per decoded
@@ -477,7 +484,9 @@ def stream_request(url, model, prompt, params):
             "max_tokens": params["max_tokens"], "stream": True}
     if params["include_usage"]:
         body["stream_options"] = {"include_usage": True}
-    if params["ignore_eos"]:
+    if params["ignore_eos"] and params["server"] == "llama_cpp":
+        body["min_tokens"] = params["max_tokens"]
+    elif params["ignore_eos"]:
         body["generation_config"] = json.dumps({"min_new_tokens": params["max_tokens"],
                                                 "max_new_tokens": params["max_tokens"]})
     start = time.perf_counter()
@@ -724,6 +733,7 @@ ARGUMENT_SPEC = {
     "prompt_tokens": {"type": "int"},
     "max_tokens": {"type": "int", "default": 64},
     "ignore_eos": {"type": "bool", "default": False},
+    "server": {"type": "str", "default": "transformers", "choices": ["transformers", "llama_cpp"]},
     "decode_upper_bound": {"type": "float"},
     "requests": {"type": "int", "default": 8},
     "concurrency": {"type": "list", "elements": "int", "default": [1]},

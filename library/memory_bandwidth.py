@@ -14,11 +14,15 @@ description:
     C(torch.set_num_threads) and C(OMP_NUM_THREADS)), so it reads memory the way the engine's matrix-vector
     products do. The probe sums a float32 array of O(size_mb) MiB (much larger than the last-level cache)
     O(repeats) times and keeps the fastest pass; bandwidth = array bytes / time, in GB/s (10^9 bytes/s).
-    It uses torch when the environment has it (multi-threaded reduction), else numpy (one thread).
+    It uses torch when the environment has it (multi-threaded reduction), else numpy (the array split among
+    O(threads) Python threads; numpy releases the GIL while it sums).
   - With O(model_path), reads the model's weight sizes from the safetensors headers alone (8-byte
     little-endian header length, then a JSON map of tensor name to dtype, shape and data offsets; see
     U(https://huggingface.co/docs/safetensors/index)), no torch needed, and the attention shape from its
-    C(config.json).
+    C(config.json). With a C(.gguf) file as O(model_path) (llama.cpp), reads its tensor table and attention
+    metadata with the C(gguf) library in O(python) (GGUF format, U(https://github.com/ggml-org/ggml/blob/master/docs/gguf.md));
+    quantized tensors count their stored bytes, and the
+    KV cache counts 2 bytes per element (llama.cpp's default C(f16) cache type).
   - "Bytes read per decoded token = weight bytes + KV cache bytes. Decode at batch 1 reads every weight once per
     token. The input embedding is a row lookup (one row read), but with C(tie_word_embeddings) the same matrix
     is the output projection and is read in full; it is stored and counted once. KV cache read per token =
@@ -63,13 +67,13 @@ options:
     default: 120
   model_path:
     description:
-      - Directory holding the model's C(*.safetensors) and C(config.json). Without it only the bandwidth is
-        returned.
+      - Directory holding the model's C(*.safetensors) and C(config.json), or a C(.gguf) file (needs the C(gguf)
+        package in O(python)). Without it only the bandwidth is returned.
     type: path
   dtype:
     description:
       - Dtype the service computes in (its C(--dtype)); C(auto) keeps each tensor's stored dtype and the
-        C(dtype) (or C(torch_dtype)) of C(config.json) for the KV cache.
+        C(dtype) (or C(torch_dtype)) of C(config.json) for the KV cache. Must be C(auto) for a C(.gguf) file.
     type: str
     default: auto
     choices: [auto, bfloat16, float16, float32]
@@ -142,7 +146,7 @@ model:
       description: Elements of all stored tensors.
       type: int
     stored_bytes:
-      description: Bytes of all stored tensors (sum of safetensors data offsets).
+      description: Bytes of all stored tensors (safetensors data offsets, or GGUF tensor sizes).
       type: int
     tied_embeddings:
       description: Whether the output projection is the input embedding (C(tie_word_embeddings), or no
@@ -193,9 +197,12 @@ try:
     read = lambda: array.sum().item()
     engine = "torch " + torch.__version__
 except ImportError:
+    from concurrent.futures import ThreadPoolExecutor
     import numpy
     array = numpy.ones(size // 4, dtype=numpy.float32)
-    read = lambda: float(array.sum())
+    chunks = numpy.array_split(array, threads)
+    pool = ThreadPoolExecutor(threads)
+    read = lambda: sum(pool.map(lambda chunk: float(chunk.sum()), chunks))
     engine = "numpy " + numpy.__version__
 read()  # page in and warm up the thread pool
 times = []
@@ -205,6 +212,24 @@ for _ in range(repeats):
     times.append(time.perf_counter() - start)
 print(json.dumps({"engine": engine, "bytes": size // 4 * 4, "times": times}))
 """
+
+
+# Runs in the service's interpreter (llama.cpp venv): argv = GGUF path; prints one JSON line.
+GGUF_TABLE = r"""
+import json, sys
+from gguf import GGUFReader
+reader = GGUFReader(sys.argv[1])
+arch = reader.fields["general.architecture"].contents()
+def field(key):
+    found = reader.fields.get(arch + "." + key)
+    return found.contents() if found else None
+print(json.dumps({
+    "tensors": {t.name: [int(t.n_elements), int(t.n_bytes)] for t in reader.tensors},
+    "layers": field("block_count"), "embedding": field("embedding_length"), "heads": field("attention.head_count"),
+    "kv_heads": field("attention.head_count_kv"), "key_length": field("attention.key_length"),
+    "value_length": field("attention.value_length")}))
+"""
+GGUF_KV_BYTES = 2  # llama.cpp's default KV cache type is f16
 
 
 class RooflineError(Exception):
@@ -272,19 +297,49 @@ def model_bytes_per_token(model_path, dtype="auto", context_tokens=256):
     }
 
 
+def run_in(python, what, args, timeout, **kwargs):
+    """Last stdout line of PYTHON ARGS as JSON; RooflineError naming WHAT on failure."""
+    try:
+        done = subprocess.run([python, *args], capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
+    except (OSError, subprocess.SubprocessError) as error:
+        raise RooflineError(f"cannot run {what} with {python}: {error}") from error
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RooflineError(f"{what} with {python} failed (exit {done.returncode}): {last}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def gguf_bytes_per_token(python, path, context_tokens, timeout):
+    """As model_bytes_per_token, for a GGUF file read with the gguf library in PYTHON; RooflineError on failure."""
+    table = run_in(python, "the GGUF reader", ["-c", GGUF_TABLE, path], timeout)
+    tensors = table["tensors"]
+    if not tensors or not table["layers"] or not table["embedding"]:
+        raise RooflineError(f"{path}: no tensors or no block_count/embedding_length in the GGUF metadata")
+    weight = sum(size for _, size in tensors.values())
+    tied = "output.weight" not in tensors
+    embedding = tensors.get("token_embd.weight")
+    if embedding and not tied:
+        rows = embedding[0] // table["embedding"]
+        weight -= embedding[1] - embedding[1] // rows
+    heads = table["heads"] or 1
+    key = table["key_length"] or table["embedding"] // heads
+    value = table["value_length"] or key
+    kv = table["layers"] * (key + value) * (table["kv_heads"] or heads) * context_tokens * GGUF_KV_BYTES
+    return {
+        "parameters": sum(elements for elements, _ in tensors.values()),
+        "stored_bytes": sum(size for _, size in tensors.values()),
+        "tied_embeddings": tied,
+        "weight_bytes_per_token": weight,
+        "kv_bytes_per_token": kv,
+        "bytes_per_token": weight + kv,
+    }
+
+
 def probe_bandwidth(python, cpus, threads, size_mb, repeats, timeout):
     """Run PROBE with PYTHON pinned to CPUS; returns (GB/s, probe dict). RooflineError on failure."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    cmd = [python, "-c", PROBE, str(threads), str(size_mb * 2**20), str(repeats)]
-    try:
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False,
-                              preexec_fn=lambda: os.sched_setaffinity(0, cpus))
-    except (OSError, subprocess.SubprocessError) as error:
-        raise RooflineError(f"cannot run the probe with {python}: {error}") from error
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise RooflineError(f"probe with {python} failed (exit {done.returncode}): {last}")
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out = run_in(python, "the probe", ["-c", PROBE, str(threads), str(size_mb * 2**20), str(repeats)], timeout,
+                 env=env, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
     best = min(out["times"])
     probe = {"engine": out["engine"], "cpus": sorted(cpus), "threads": threads, "bytes": out["bytes"],
              "best_s": round(best, 6), "median_s": round(statistics.median(out["times"]), 6)}
@@ -304,8 +359,14 @@ def run(params):
     if not os.access(params["python"], os.X_OK):
         return result, f"python {params['python']} is not an executable file (is the service installed?)"
     try:
-        model = (model_bytes_per_token(params["model_path"], params["dtype"], params["context_tokens"])
-                 if params["model_path"] else None)
+        model = None
+        if params["model_path"] and params["model_path"].endswith(".gguf"):
+            if params["dtype"] != "auto":
+                return result, f"dtype must be auto for a GGUF file (it stores its own types), got {params['dtype']}"
+            model = gguf_bytes_per_token(params["python"], params["model_path"], params["context_tokens"],
+                                         params["timeout"])
+        elif params["model_path"]:
+            model = model_bytes_per_token(params["model_path"], params["dtype"], params["context_tokens"])
         bandwidth, probe = probe_bandwidth(params["python"], cpus, threads, params["size_mb"], params["repeats"],
                                            params["timeout"])
     except (RooflineError, OSError) as error:

@@ -86,3 +86,41 @@ def test_missing_weights_and_cpu_outside_affinity(tmp_path):
     assert mb.run(params(model_path=str(tmp_path))) == ({"changed": False}, f"no *.safetensors in {tmp_path}")
     result, failure = mb.run(params(cpus=str(max(os.sched_getaffinity(0)) + 1)))
     assert failure.startswith(f"cannot run the probe with {sys.executable}: ")
+
+
+def write_gguf(path, tensors, layers=1, embedding=4, heads=2, kv_heads=1, key_length=2):
+    """A GGUF file written by the gguf library (llama.cpp's own writer), qwen3 metadata."""
+    import gguf  # noqa: PLC0415  (controller requirement; only these tests need it)
+    import numpy  # noqa: PLC0415
+    writer = gguf.GGUFWriter(str(path), "qwen3")
+    writer.add_block_count(layers)
+    writer.add_embedding_length(embedding)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_key_length(key_length)
+    writer.add_value_length(key_length)
+    for name, shape in tensors.items():
+        writer.add_tensor(name, numpy.zeros(shape, dtype=numpy.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return str(path)
+
+
+def test_gguf_untied_counts_one_embedding_row(tmp_path):
+    path = write_gguf(tmp_path / "m.gguf", {"token_embd.weight": (10, 4), "output.weight": (10, 4),
+                                            "blk.0.ffn_up.weight": (4, 4)})
+    result, failure = mb.run(params(model_path=path, context_tokens=100))
+    assert failure is None
+    # output 160 B + one embedding row 16 B + layer 64 B (f32); KV: 1 layer x (K 2 + V 2) x 1 head x 100 x 2 B (f16).
+    assert result["model"] == {"parameters": 96, "stored_bytes": 384, "tied_embeddings": False,
+                               "weight_bytes_per_token": 240, "kv_bytes_per_token": 800, "bytes_per_token": 1040}
+
+
+def test_gguf_tied_reads_the_embedding_in_full_and_refuses_a_dtype(tmp_path):
+    path = write_gguf(tmp_path / "m.gguf", {"token_embd.weight": (10, 4)}, layers=2, kv_heads=2)
+    got = mb.gguf_bytes_per_token(sys.executable, path, context_tokens=10, timeout=60)
+    assert (got["tied_embeddings"], got["weight_bytes_per_token"], got["kv_bytes_per_token"]) == (True, 160, 320)
+    assert mb.run(params(model_path=path, dtype="float32")) == (
+        {"changed": False}, "dtype must be auto for a GGUF file (it stores its own types), got float32")
