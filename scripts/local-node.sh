@@ -8,7 +8,12 @@ if [ "$(podman container inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" !
   podman rm -f "$name" >/dev/null 2>&1 || true
   podman run -d --name "$name" --hostname "$name" "$LLMTUNE_IMAGE" >/dev/null
 fi
-state=$(podman exec "$name" systemctl is-system-running --wait || true)
+# Right after `podman run`, systemd may not have its bus yet ("Failed to connect to bus"): ask again.
+for _ in $(seq 30); do
+  state=$(podman exec "$name" systemctl is-system-running --wait 2>/dev/null || true)
+  [ -n "$state" ] && break
+  sleep 1
+done
 case "$state" in
   running|degraded) echo "== local node $name: systemd $state" ;;
   *) echo "local node $name: systemd is '$state'" >&2; exit 1 ;;

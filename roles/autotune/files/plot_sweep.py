@@ -19,8 +19,11 @@ def main(source, target):
         result = json.load(handle)
     chosen = result.get("chosen") or {}
     rows = [row for row in result["rows"] if row["status"] == "measured"]
-    labels = [f"{row['threads']}t {row['dtype']}" if row["tuned"] else "defaults" for row in rows]
-    is_chosen = [all(row.get(key) == chosen.get(key) for key in ("threads", "cpus", "dtype")) for row in rows]
+    labels = [f"{row['engine']} {row['format']} {row['threads']}t"
+              + (f" {row['allocator']}" if row["allocator"] != "none" else "") if row["tuned"] else "defaults"
+              for row in rows]
+    is_chosen = [all(row.get(key) == chosen.get(key) for key in ("engine", "format", "threads", "cpus", "allocator"))
+                 for row in rows]
     colors = ["tab:green" if flag else ("tab:gray" if not row["tuned"] else "tab:blue")
               for row, flag in zip(rows, is_chosen)]
     fig, (score, decode) = plt.subplots(1, 2, figsize=(11, 4))
