@@ -42,7 +42,7 @@ accel() {
   local probe=$LLMTUNE_VM_RUN/kvm-probe.log
   rm -f "$probe"
   if [ -w /dev/kvm ]; then
-    timeout 30 qemu-system-x86_64 -accel kvm -cpu host -m 256 -display none -nodefaults -no-user-config \
+    timeout 15 qemu-system-x86_64 -accel kvm -cpu host -m 256 -display none -nodefaults -no-user-config \
       -no-reboot -kernel "$VM_BASE_IMAGE.vmlinuz" -append 'console=ttyS0 panic=-1' -serial "file:$probe" \
       >/dev/null 2>&1 || true
   fi

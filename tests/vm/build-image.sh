@@ -12,9 +12,10 @@ fi
 vm_need_packages debootstrap:debootstrap sfdisk:fdisk mkfs.ext4:e2fsprogs partx:util-linux losetup:mount
 
 # Packages the scenario needs in the guest, so nothing is installed from the network at test time:
-# python3-venv/-packaging for the inference service's venv, python3-apt for Ansible's package module.
+# python3-venv/-packaging for the inference service's venv, python3-apt for Ansible's package module,
+# libgomp1 for llama.cpp.
 include=systemd-sysv,dbus,udev,kmod,procps,iproute2,openssh-server,sudo,ca-certificates,initramfs-tools,\
-python3,python3-venv,python3-packaging,python3-apt
+python3,python3-venv,python3-packaging,python3-apt,libgomp1
 disk_gb=8
 swap_mb=512
 
