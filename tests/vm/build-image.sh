@@ -81,10 +81,11 @@ DEBIAN_FRONTEND=noninteractive chroot "$mnt" apt-get install -y -qq --no-install
   { tail -20 "$LLMTUNE_VM_DIR/debootstrap.log"; exit 1; }
 chroot "$mnt" apt-get clean
 # GRUB and the kernel on the serial console (the boot log is the test's evidence); no "quiet". Edited in
-# place, as an operator would: the grub role must find one GRUB_CMDLINE_LINUX line.
+# place, as an operator would: the grub role must find one GRUB_CMDLINE_LINUX line. THP starts at madvise
+# from the command line, so that the tuning must replace a parameter (once) and the rollback bring it back.
 sed -i -e 's/^GRUB_TIMEOUT=.*/GRUB_TIMEOUT=1/' \
   -e 's/^GRUB_CMDLINE_LINUX_DEFAULT=.*/GRUB_CMDLINE_LINUX_DEFAULT=""/' \
-  -e 's/^GRUB_CMDLINE_LINUX=.*/GRUB_CMDLINE_LINUX="console=ttyS0,115200n8"/' \
+  -e 's/^GRUB_CMDLINE_LINUX=.*/GRUB_CMDLINE_LINUX="console=ttyS0,115200n8 transparent_hugepage=madvise"/' \
   -e 's/^#\?GRUB_TERMINAL=.*/GRUB_TERMINAL="serial console"\nGRUB_SERIAL_COMMAND="serial --unit=0 --speed=115200"/' \
   "$mnt/etc/default/grub"
 chroot "$mnt" grub-install --target=i386-pc "$loop" >>"$LLMTUNE_VM_DIR/debootstrap.log" 2>&1

@@ -20,6 +20,9 @@ summary() {
   if [ "$rc" -eq 0 ]; then echo "== VM scenario passed"; else echo "== VM scenario FAILED (rc $rc), logs in $LLMTUNE_VM_RUN"; fi
 }
 trap summary EXIT
+# Killed runs end through the EXIT trap with the signal's status, not the last command's.
+trap 'exit 143' TERM
+trap 'exit 130' INT
 
 # phase NAME SECONDS CMD...: runs CMD with a time limit, output also in run/NAME.log, and records its duration.
 phase() {
