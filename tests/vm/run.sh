@@ -9,14 +9,12 @@ cd "$LLMTUNE_ROOT"
 
 inventory=$LLMTUNE_ROOT/inventory/vm
 timings=()
-notes=()
 
 summary() {
   local rc=$?
   "$VM_SCRIPTS/boot.sh" stop || true
   printf '\n== phase durations\n'
   printf '  %s\n' "${timings[@]}"
-  [ ${#notes[@]} -eq 0 ] || printf '  note: %s\n' "${notes[@]}"
   if [ "$rc" -eq 0 ]; then echo "== VM scenario passed"; else echo "== VM scenario FAILED (rc $rc), logs in $LLMTUNE_VM_RUN"; fi
 }
 trap summary EXIT
@@ -35,6 +33,8 @@ phase() {
   [ "$rc" -eq 0 ] || die "phase $name failed (rc $rc), log $LLMTUNE_VM_RUN/$name.log"
 }
 
+# Per-task durations in the logs: under emulation each task costs seconds.
+export ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks
 playbook=(ansible-playbook -i "$inventory")
 # The tiny test proxy of inventory/vm (built on the controller by site.yml), reboots allowed. No baseline and
 # validation benchmarks: figures of an emulated CPU are noise (molecule proves the benchmark), and they cost
@@ -48,17 +48,6 @@ recap_changed() {
   sed -n '/^PLAY RECAP/,$p' "$1" | grep -E '^\S+ +: ok=' | grep -v ' changed=0 ' || true
 }
 
-optional_playbook() {
-  local name=$1
-  shift
-  if [ -f "playbooks/$name.yml" ]; then
-    phase "$name" 1800 "${playbook[@]}" "playbooks/$name.yml" "$@"
-  else
-    notes+=("playbooks/$name.yml: not yet available, step skipped")
-    log "playbooks/$name.yml not yet available: skipped"
-  fi
-}
-
 vm_need_packages qemu-system-x86_64:qemu-system-x86 qemu-img:qemu-utils ssh:openssh-client
 "$VM_SCRIPTS/boot.sh" stop
 phase build-image 1200 "$VM_SCRIPTS/build-image.sh"
@@ -69,7 +58,7 @@ before=$(boot_id)
 phase site-1 5400 "${playbook[@]}" site.yml "${site_args[@]}"
 [ "$(boot_id)" != "$before" ] || die "site.yml did not reboot the VM (boot id $before unchanged)"
 phase checks-tuned 900 "${playbook[@]}" tests/vm/checks.yml -e vm_checks_mode=tuned
-optional_playbook verify
+phase verify 1800 "${playbook[@]}" playbooks/verify.yml
 
 before=$(boot_id)
 phase site-2 3600 "${playbook[@]}" site.yml "${site_args[@]}"
@@ -78,13 +67,9 @@ phase site-2 3600 "${playbook[@]}" site.yml "${site_args[@]}"
 [ "$(boot_id)" = "$before" ] || die "second site.yml rebooted the VM"
 log "second site.yml: changed=0 on every host, no reboot"
 
-if [ -f playbooks/rollback.yml ]; then
-  optional_playbook rollback
-  # The rollback may reboot by itself; the originals need a boot either way.
-  if [ "$(boot_id)" = "$before" ]; then
-    phase reboot 1500 ansible -i "$inventory" inference_nodes -m ansible.builtin.reboot -a reboot_timeout=1200
-  fi
-  phase checks-original 900 "${playbook[@]}" tests/vm/checks.yml -e vm_checks_mode=original
-else
-  notes+=("playbooks/rollback.yml: not yet available, rollback, reboot and checks of the originals skipped")
+phase rollback 1800 "${playbook[@]}" playbooks/rollback.yml
+# The rollback may reboot by itself; the originals need a boot either way.
+if [ "$(boot_id)" = "$before" ]; then
+  phase reboot 1500 ansible -i "$inventory" inference_nodes -m ansible.builtin.reboot -a reboot_timeout=1200
 fi
+phase checks-original 900 "${playbook[@]}" tests/vm/checks.yml -e vm_checks_mode=original
