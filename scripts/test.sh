@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every test: lint, module docs, unit tests, the molecule scenarios in local podman nodes, and the reboot
 # proof in a QEMU VM (tests/vm/run.sh).
-# The VM's CPU is emulated and needs about half an hour of CPU, so it runs beside the one scenario whose figures
-# mean nothing (fleet: a tiny proxy, no threshold but an impossible one), never beside a benchmark that counts:
+# The VM's CPU is emulated and needs about half an hour of CPU, so it runs beside the scenarios whose figures
+# gate nothing (rollback: no service; fleet: a tiny proxy, no threshold but an impossible one), never beside a
+# benchmark that counts:
 # next to two emulated CPUs, llama.cpp decode fell from ~40 to 3.5 tokens/s even at SCHED_IDLE priority.
 # Its disk image is built during lint and unit tests, which measure nothing either.
 set -euo pipefail
@@ -34,19 +35,22 @@ step "VM image"
 wait "$image_pid" || { cat "$LLMTUNE_CACHE/vm/build-image.log"; exit 1; }
 tail -1 "$LLMTUNE_CACHE/vm/build-image.log"
 
+beside_vm=(rollback fleet)
 for scenario in molecule/*/; do
   scenario=$(basename "$scenario")
-  [ "$scenario" = fleet ] && continue
+  [[ " ${beside_vm[*]} " == *" $scenario "* ]] && continue
   step "molecule $scenario"; molecule test -s "$scenario"
 done
 
-# Both use the tiny proxy: built once before they start.
+# The VM and the fleet scenario both serve the tiny proxy: built once, before either starts.
 step "tiny proxy model"
 ansible-playbook -i localhost, playbooks/proxy_model.yml -e proxy_model_preset=qwen3-test-tiny >/dev/null
 step "reboot proof in a VM, in the background (log $vm_log)"
 setsid tests/vm/run.sh >"$vm_log" 2>&1 &
 vm_pid=$!
-step "molecule fleet"; molecule test -s fleet
+for scenario in "${beside_vm[@]}"; do
+  step "molecule $scenario"; molecule test -s "$scenario"
+done
 step "waiting for the VM"
 vm_rc=0
 wait "$vm_pid" || vm_rc=$?
