@@ -3,8 +3,8 @@
 # proof in a QEMU VM (tests/vm/run.sh).
 # The VM's CPU is emulated and needs about half an hour of CPU, so it runs beside the scenarios whose figures
 # gate nothing (rollback: no service; fleet: a tiny proxy, no threshold but an impossible one), never beside a
-# benchmark that counts:
-# next to two emulated CPUs, llama.cpp decode fell from ~40 to 3.5 tokens/s even at SCHED_IDLE priority.
+# benchmark that counts: next to two emulated CPUs, llama.cpp decode fell from ~40 to 3.5 tokens/s even at
+# SCHED_IDLE priority.
 # Its disk image is built during lint and unit tests, which measure nothing either.
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
