@@ -44,7 +44,7 @@ done
 
 # The VM and the fleet scenario both serve the tiny proxy: built once, before either starts.
 step "tiny proxy model"
-ansible-playbook playbooks/proxy_model.yml -e proxy_model_preset=qwen3-test-tiny >/dev/null
+ansible-playbook playbooks/proxy_model.yml -e proxy_model_preset=qwen3-test-tiny
 step "reboot proof in a VM, in the background (log $vm_log)"
 setsid tests/vm/run.sh >"$vm_log" 2>&1 &
 vm_pid=$!
