@@ -2,9 +2,9 @@
 # Every test: lint, module docs, unit tests, the molecule scenarios in local podman nodes, and the reboot
 # proof in a QEMU VM (tests/vm/run.sh).
 # The VM's CPU is emulated and needs about half an hour of CPU, so it runs beside the scenarios whose figures
-# gate nothing (rollback: no service; fleet: a tiny proxy, no threshold but an impossible one), never beside a
-# benchmark that counts: next to two emulated CPUs, llama.cpp decode fell from ~40 to 3.5 tokens/s even at
-# SCHED_IDLE priority.
+# gate nothing (llama_cpp: API checks; rollback: no service; fleet: a tiny proxy, no threshold but an impossible
+# one), never beside a benchmark that counts: next to two emulated CPUs, llama.cpp decode fell from ~40 to
+# 3.5 tokens/s even at SCHED_IDLE priority. The scenarios before it (autotune) build the llama.cpp wheel it uses.
 # Its disk image is built during lint and unit tests, which measure nothing either.
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
@@ -35,7 +35,7 @@ step "VM image"
 wait "$image_pid" || { cat "$LLMTUNE_CACHE/vm/build-image.log"; exit 1; }
 tail -1 "$LLMTUNE_CACHE/vm/build-image.log"
 
-beside_vm=(rollback fleet)
+beside_vm=(llama_cpp rollback fleet)
 for scenario in molecule/*/; do
   scenario=$(basename "$scenario")
   [[ " ${beside_vm[*]} " == *" $scenario "* ]] && continue
