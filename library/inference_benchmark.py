@@ -19,12 +19,24 @@ description:
     C(stream_options.include_usage)); a server that sends no usage is counted by content deltas, which
     undercounts when one delta carries several tokens. RV(token_count_source) says which was used.
   - Runs C(warmup) unrecorded requests first, then C(requests) requests at each level of C(concurrency).
-    Requests cycle through C(prompts) from the first one at every level, so levels and runs are comparable.
+  - Every request of a run (warm-up included) sends its own prompt, so no request is a prompt-cache hit of
+    another (llama.cpp reuses the longest common token prefix of a slot's previous prompt). Request N of a run
+    gets prompt N of the same sequence in every run, so runs are comparable. O(prompts) are used in order; a
+    prompt sent a second time is prefixed with its round number, C((2) ). A synthetic prompt
+    (O(prompt_tokens)) is a different order of its words per request, starting with a different word.
+  - Where the engine reports how many prompt tokens it evaluated (llama.cpp's server sends C(timings.prompt_n)
+    and C(timings.cache_n) with the last event of a stream, C(tools/server/README.md)), RV(levels[].prompt_tokens_evaluated_mean)
+    and RV(levels[].prompt_tokens_cached_mean) show them and a request that reused cached prompt tokens is
+    reported as a warning. Other engines report no counter (null); the unique prompts are then the guarantee.
+  - Records the CPU time of the host (C(/proc/stat), proc(5)) while it waits to start and during each level,
+    and splits it into the engine process (O(engine_pid), C(/proc/PID/stat) utime+stime), this benchmark
+    (C(os.times)) and everything else. Before the first request it waits up to O(settle_timeout) seconds for
+    the other processes to use less than O(busy_limit) CPUs; a level during which they used more, or during
+    which steal time (a hypervisor running other guests on these CPUs) exceeded 5 %, is marked C(noisy).
   - Percentiles are Python C(statistics.quantiles) with C(n=100) and C(method="inclusive"), the linear interpolation
     between closest ranks that C(numpy.percentile) uses by default; one value is its own percentile.
-  - Records the host load average (C(os.getloadavg)) before and after, and warns when the 1-minute load
-    before the run is at least half the CPU count, because another busy process on a small machine lowers
-    decode speed more than any tuning changes it.
+  - Also records the load average (C(os.getloadavg)) before and after. On a small machine another busy
+    process lowers decode speed more than any tuning changes it (measured on 2 vCPUs: 3-4x slower decode).
   - Never changes the host, so C(changed) is always false, also when O(report_path) is written (the report
     is an output of the measurement, not managed state). In check mode no request is sent and the result
     is RV(skipped).
@@ -110,6 +122,25 @@ options:
       - Seconds to wait for the connection and then for each piece of the stream.
     type: float
     default: 120
+  engine_pid:
+    description:
+      - PID of the engine process (for example the C(MainPID) of its systemd unit), to tell its CPU time from
+        other processes'. 0 when unknown: the CPU time of the engine then counts as other processes' during
+        the levels (the wait before the first request is still meaningful).
+    type: int
+    default: 0
+  busy_limit:
+    description:
+      - CPUs (in units of one CPU, for example C(0.25) for a quarter of one) that other processes may keep busy
+        before the run starts and during a level without the level being marked noisy.
+    type: float
+    default: 0.25
+  settle_timeout:
+    description:
+      - Seconds to wait before the first request for other processes to stay under O(busy_limit) (sampled in
+        2-second windows). 0 does not wait; the state found is recorded either way.
+    type: float
+    default: 60
   include_usage:
     description:
       - Send C(stream_options.include_usage=true) so the server reports exact token counts. Turn off only
@@ -209,6 +240,10 @@ started:
   description: UTC start time of the run, ISO 8601.
   returned: success
   type: str
+noisy:
+  description: True when any level is marked noisy (see RV(levels[].noisy)); such figures are not comparable.
+  returned: success
+  type: bool
 host_load:
   description: Host load while measuring.
   returned: success
@@ -217,6 +252,12 @@ host_load:
     cpus:
       description: Logical CPUs, C(os.cpu_count).
       type: int
+    other_cpus_before:
+      description: CPUs kept busy by other processes in the last 2-second window before the first request.
+      type: float
+    settle_wait_s:
+      description: Seconds waited for other processes to settle under O(busy_limit).
+      type: float
     loadavg_before:
       description: 1, 5 and 15-minute load averages before the first request.
       type: list
@@ -270,6 +311,33 @@ levels:
     prompt_tokens_mean:
       description: Mean prompt tokens per request from the server's usage (null without usage).
       type: float
+    prompt_tokens_evaluated_mean:
+      description: Mean prompt tokens the engine reports it evaluated (llama.cpp's C(timings.prompt_n));
+        null when the engine reports no counter.
+      type: float
+    prompt_tokens_cached_mean:
+      description: Mean prompt tokens the engine reports it reused from its cache (C(timings.cache_n)); null
+        when the engine reports no counter.
+      type: float
+    cpu:
+      description: CPU use during the level, in CPUs (1.0 = one CPU busy the whole time), from C(/proc/stat).
+      type: dict
+      contains:
+        engine:
+          description: The engine process (O(engine_pid)); null when unknown.
+          type: float
+        benchmark:
+          description: This benchmark's own threads.
+          type: float
+        other:
+          description: Everything else (the engine too when O(engine_pid) is 0).
+          type: float
+        steal_percent:
+          description: Steal time, percent of all CPU time.
+          type: float
+    noisy:
+      description: True when other processes used more than O(busy_limit) CPUs or steal exceeded 5 %.
+      type: bool
     output_tokens_per_s:
       description: Aggregate throughput, output tokens of the level divided by RV(levels[].wall_s).
       type: float
@@ -325,6 +393,7 @@ import datetime
 import http.client
 import json
 import os
+import random
 import statistics
 import time
 import urllib.parse
@@ -385,17 +454,22 @@ DEFAULT_PROMPTS = [
     "请把“谢谢你的帮助”翻译成英文。",
 ]
 
-# Common English words that are one token each in the Qwen2/Qwen3 BPE vocabulary (checked with its tokenizer.json).
+# Common English words that are one token each in the Qwen2/Qwen3 BPE vocabulary, with and without a leading space
+# (checked with its tokenizer.json), so any of them can start a prompt.
 SYNTHETIC_WORDS = (
     "time year people way day man thing woman life child world school state family student group country problem "
     "hand part place case week company system program question work government number night point home water room "
     "mother area money story fact month lot right study book eye job word business issue side kind head house "
-    "service friend father power hour game line end member law car city community name president team minute idea "
+    "service friend father power hour game line end member law car city community name team minute idea "
     "kid body information back parent face others level office door health person art war history party result "
-    "change morning reason research girl guy moment air teacher force education"
+    "change reason research girl moment air teacher force education"
 ).split()
 
 PERCENTILE_METHOD = "statistics.quantiles(n=100, method='inclusive')"
+# Steal time above this percent of all CPU time marks a level noisy: the hypervisor ran other guests on our CPUs.
+STEAL_LIMIT_PERCENT = 5.0
+SETTLE_WINDOW_S = 2.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # Summary figures with a gain: for latencies lower is better (gain baseline/new), for rates higher (new/baseline).
 LATENCY_FIGURES = ("ttft_ms_p50", "ttft_ms_p95", "itl_ms_p50", "tpot_ms_p50", "e2e_ms_p50")
 RATE_FIGURES = ("decode_tokens_per_s", "decode_tokens_per_s_mean", "output_tokens_per_s", "requests_per_s")
@@ -415,9 +489,83 @@ def percentiles(values, points):
     return {f"p{p}": round(cuts[p - 1], 3) for p in points}
 
 
-def synthetic_prompt(tokens):
-    """A prompt of TOKENS words cycling through SYNTHETIC_WORDS (TOKENS tokens for the Qwen tokenizer)."""
-    return " ".join(SYNTHETIC_WORDS[i % len(SYNTHETIC_WORDS)] for i in range(tokens))
+def synthetic_prompt(tokens, index=0):
+    """Prompt INDEX of TOKENS words from SYNTHETIC_WORDS (TOKENS tokens for the Qwen tokenizer).
+
+    Index 0 cycles through the words in order; any other index is a shuffled order (seeded by INDEX, so the
+    same in every run) that starts with word INDEX modulo the word count, so two indexes below that count
+    share no first token.
+    """
+    words = list(SYNTHETIC_WORDS)
+    if index:
+        first = SYNTHETIC_WORDS[index % len(SYNTHETIC_WORDS)]
+        random.Random(index).shuffle(words)
+        words.remove(first)
+        words.insert(0, first)
+    return " ".join(words[i % len(words)] for i in range(tokens))
+
+
+def prompt_for(params, index):
+    """User message of request INDEX of a run (warm-up requests first): a prompt of its own (see DOCUMENTATION)."""
+    if params["prompt_tokens"]:
+        return synthetic_prompt(params["prompt_tokens"], index)
+    prompts = params["prompts"]
+    rounds, position = divmod(index, len(prompts))
+    return prompts[position] if rounds == 0 else f"({rounds + 1}) {prompts[position]}"
+
+
+def cpu_sample(engine_pid):
+    """CPU counters now: host busy and steal seconds (/proc/stat), engine and own CPU seconds.
+
+    /proc/stat's first line sums all CPUs in clock ticks: user nice system idle iowait irq softirq steal
+    (guest time is already inside user, proc(5)). The engine's utime and stime are fields 14 and 15 of
+    /proc/PID/stat, all its threads included; None when ENGINE_PID is 0 or gone.
+    """
+    with open("/proc/stat", encoding="ascii") as handle:
+        ticks = [int(x) for x in handle.readline().split()[1:9]]
+    ticks += [0] * (8 - len(ticks))
+    engine = None
+    if engine_pid:
+        try:
+            with open(f"/proc/{engine_pid}/stat", encoding="ascii", errors="replace") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+            engine = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        except (OSError, IndexError, ValueError):
+            engine = None
+    own = os.times()
+    return {"wall": time.monotonic(), "busy": (sum(ticks) - ticks[3] - ticks[4] - ticks[7]) / CLOCK_TICKS,
+            "steal": ticks[7], "total": sum(ticks), "engine": engine, "own": own.user + own.system}
+
+
+def cpu_split(before, after):
+    """CPUs busy between two cpu_sample()s: engine, benchmark, other (the rest) and steal percent."""
+    wall = max(after["wall"] - before["wall"], 1e-9)
+    engine = (after["engine"] - before["engine"]) / wall if None not in (before["engine"], after["engine"]) else None
+    own = (after["own"] - before["own"]) / wall
+    busy = (after["busy"] - before["busy"]) / wall
+    return {"engine": round(engine, 3) if engine is not None else None, "benchmark": round(own, 3),
+            "other": round(max(0.0, busy - (engine or 0.0) - own), 3),
+            "steal_percent": round(100.0 * (after["steal"] - before["steal"]) / max(after["total"] - before["total"], 1), 2)}
+
+
+def is_noisy(split, busy_limit):
+    """True when other processes or the hypervisor took CPU time that the measurement needed."""
+    return split["other"] > busy_limit or split["steal_percent"] > STEAL_LIMIT_PERCENT
+
+
+def settle(engine_pid, busy_limit, timeout):
+    """Wait (2-second windows, at most TIMEOUT s) until other processes use at most BUSY_LIMIT CPUs.
+
+    Returns (split of the last window, seconds waited).
+    """
+    start = time.monotonic()
+    while True:
+        before = cpu_sample(engine_pid)
+        time.sleep(SETTLE_WINDOW_S)
+        split = cpu_split(before, cpu_sample(engine_pid))
+        waited = time.monotonic() - start
+        if not is_noisy(split, busy_limit) or waited >= timeout:
+            return split, round(waited, 1)
 
 
 def roofline(decode_tokens_per_s, upper_bound):
@@ -491,7 +639,7 @@ def stream_request(url, model, prompt, params):
                                                 "max_new_tokens": params["max_tokens"]})
     start = time.perf_counter()
     conn, prefix = _connect(url, params["timeout"])
-    deltas, usage = [], None
+    deltas, usage, timings = [], None, None
     try:
         conn.request("POST", prefix + "/v1/chat/completions", body=json.dumps(body).encode(),
                      headers=_headers(params["api_key"]))
@@ -511,6 +659,7 @@ def stream_request(url, model, prompt, params):
             if _delta_text(event):
                 deltas.append(time.perf_counter())
             usage = event.get("usage") or usage
+            timings = event.get("timings") or timings
         end = time.perf_counter()
     except (OSError, http.client.HTTPException, ValueError) as error:
         raise BenchmarkError(f"{type(error).__name__}: {error}") from error
@@ -525,6 +674,8 @@ def stream_request(url, model, prompt, params):
         "output_tokens": tokens if tokens else len(deltas),
         "token_source": "usage" if tokens else "deltas",
         "prompt_tokens": usage.get("prompt_tokens") if usage else None,
+        "prompt_evaluated": timings.get("prompt_n") if timings else None,
+        "prompt_cached": timings.get("cache_n") if timings else None,
         "itl_ms": [(b - a) * 1000.0 for a, b in zip(deltas, deltas[1:])],
     }
     decode_ms = sample["e2e_ms"] - sample["ttft_ms"]
@@ -542,18 +693,23 @@ def _attempt(url, model, prompt, params):
         return {"error": str(error)}
 
 
-def run_level(url, model, params, concurrency):
-    """Run params["requests"] requests with CONCURRENCY in flight; return the level's figures."""
-    prompts = params["prompts"]
-    jobs = [prompts[i % len(prompts)] for i in range(params["requests"])]
+def _mean_of(results, key):
+    values = [r[key] for r in results if r.get(key) is not None]
+    return round(statistics.fmean(values), 1) if values else None
+
+
+def run_level(url, model, params, concurrency, first_index):
+    """Run params["requests"] requests with CONCURRENCY in flight, prompts from FIRST_INDEX on; the level's figures."""
+    jobs = [prompt_for(params, first_index + i) for i in range(params["requests"])]
+    cpu_before = cpu_sample(params["engine_pid"])
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         results = list(pool.map(lambda prompt: _attempt(url, model, prompt, params), jobs))
     wall = time.perf_counter() - start
+    cpu = cpu_split(cpu_before, cpu_sample(params["engine_pid"]))
     ok = [r for r in results if "error" not in r]
     rates = [r["decode_tokens_per_s"] for r in ok if "decode_tokens_per_s" in r]
     output_tokens = sum(r["output_tokens"] for r in ok)
-    prompt_tokens = [r["prompt_tokens"] for r in ok if r["prompt_tokens"]]
     return {
         "concurrency": concurrency,
         "requests": len(results),
@@ -567,7 +723,11 @@ def run_level(url, model, params, concurrency):
         "decode_tokens_per_s": dict(percentiles(rates, (50,)), mean=round(statistics.fmean(rates), 3) if rates
                                     else None),
         "output_tokens": output_tokens,
-        "prompt_tokens_mean": round(statistics.fmean(prompt_tokens), 1) if prompt_tokens else None,
+        "prompt_tokens_mean": _mean_of(ok, "prompt_tokens"),
+        "prompt_tokens_evaluated_mean": _mean_of(ok, "prompt_evaluated"),
+        "prompt_tokens_cached_mean": _mean_of(ok, "prompt_cached"),
+        "cpu": cpu,
+        "noisy": is_noisy(cpu, params["busy_limit"]),
         "output_tokens_per_s": round(output_tokens / wall, 3),
         "requests_per_s": round(len(ok) / wall, 3),
         "token_sources": sorted({r["token_source"] for r in ok}),
@@ -616,6 +776,8 @@ def check_options(params):
         return "prompts must not be empty"
     if params["max_tokens"] < 1 or params["requests"] < 1 or params["warmup"] < 0 or params["timeout"] <= 0:
         return "max_tokens and requests must be >= 1, warmup >= 0 and timeout > 0"
+    if params["engine_pid"] < 0 or params["busy_limit"] < 0 or params["settle_timeout"] < 0:
+        return "engine_pid, busy_limit and settle_timeout must be >= 0"
     if not params["concurrency"] or min(params["concurrency"]) < 1:
         return "concurrency must be a non-empty list of integers >= 1"
     if params["fail_below"]:
@@ -676,8 +838,6 @@ def run(params, check_mode=False):
     problem = check_options(params)
     if problem:
         return result, problem, warnings
-    if params["prompt_tokens"]:
-        params = dict(params, prompts=[synthetic_prompt(params["prompt_tokens"])])
     params = dict(params, prompts=params["prompts"] or DEFAULT_PROMPTS)
     if check_mode:
         return dict(result, skipped=True, msg="check mode: no request sent"), None, warnings
@@ -687,18 +847,30 @@ def run(params, check_mode=False):
         model = params["model"] or first_model(url, params["api_key"], params["timeout"])
     except BenchmarkError as error:
         return result, str(error), warnings
-    cpus = os.cpu_count() or 1
+    before, waited = settle(params["engine_pid"], params["busy_limit"], params["settle_timeout"])
     result.update(url=url, model=model, max_tokens=params["max_tokens"], prompt_tokens=params["prompt_tokens"],
                   ignore_eos=params["ignore_eos"], percentile_method=PERCENTILE_METHOD,
                   started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  host_load={"cpus": cpus, "loadavg_before": [round(x, 2) for x in os.getloadavg()]})
-    if result["host_load"]["loadavg_before"][0] >= cpus / 2:
-        warnings.append(f"load average {result['host_load']['loadavg_before'][0]} on {cpus} CPUs before the "
-                        "benchmark: another busy process lowers decode speed")
+                  host_load={"cpus": os.cpu_count() or 1, "loadavg_before": [round(x, 2) for x in os.getloadavg()],
+                             "other_cpus_before": before["other"], "settle_wait_s": waited})
+    if is_noisy(before, params["busy_limit"]):
+        warnings.append(f"other processes kept {before['other']} CPUs busy (steal {before['steal_percent']} %) "
+                        f"after waiting {waited} s: figures taken now are not comparable")
     for i in range(params["warmup"]):
-        _attempt(url, model, params["prompts"][i % len(params["prompts"])], params)
-    levels = [run_level(url, model, params, c) for c in params["concurrency"]]
+        _attempt(url, model, prompt_for(params, i), params)
+    levels, index = [], params["warmup"]
+    for concurrency in params["concurrency"]:
+        levels.append(run_level(url, model, params, concurrency, index))
+        index += params["requests"]
     result["host_load"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    result["noisy"] = any(level["noisy"] for level in levels)
+    for level in levels:
+        if level["noisy"]:
+            warnings.append(f"concurrency {level['concurrency']}: other processes used {level['cpu']['other']} CPUs "
+                            f"and steal was {level['cpu']['steal_percent']} % during the level (noisy)")
+        if level["prompt_tokens_cached_mean"]:
+            warnings.append(f"concurrency {level['concurrency']}: the engine reused {level['prompt_tokens_cached_mean']} "
+                            "cached prompt tokens per request: TTFT is partly a prompt-cache hit")
     sources = {s for level in levels for s in level.pop("token_sources")}
     result["token_count_source"] = sources.pop() if len(sources) == 1 else ("mixed" if sources else None)
     result["levels"] = levels
@@ -739,6 +911,9 @@ ARGUMENT_SPEC = {
     "concurrency": {"type": "list", "elements": "int", "default": [1]},
     "warmup": {"type": "int", "default": 1},
     "timeout": {"type": "float", "default": 120},
+    "engine_pid": {"type": "int", "default": 0},
+    "busy_limit": {"type": "float", "default": 0.25},
+    "settle_timeout": {"type": "float", "default": 60},
     "include_usage": {"type": "bool", "default": True},
     "baseline": {"type": "dict"},
     "report_path": {"type": "path"},

@@ -6,9 +6,11 @@ import socket
 import statistics
 import struct
 import subprocess
+import sys
 import threading
 import time
 
+import psutil
 import pytest
 
 import transformers  # noqa: E402,F401  (the real engine serves the tests)
@@ -23,7 +25,8 @@ PROMPTS = ["What is the capital of Australia?", "请用一句话解释什么是�
 def params(**overrides):
     """Module options with the module's own defaults, as AnsibleModule would fill them."""
     values = {name: spec.get("default") for name, spec in bench.ARGUMENT_SPEC.items()}
-    values.update(prompts=PROMPTS, max_tokens=12, requests=3, warmup=0, timeout=60)
+    # No waiting for a quiet host: the suite runs beside linters and builds; one 2-second window is still taken.
+    values.update(prompts=PROMPTS, max_tokens=12, requests=3, warmup=0, timeout=60, settle_timeout=0)
     values.update(overrides)
     return values
 
@@ -68,8 +71,11 @@ def test_result_shape_and_real_values(run_1_2, inference_server, model_id, tiny_
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_proxy_dir)
+    # Level 1 follows the warm-up request (prompt 0): prompts 1 to 3, the last one a second round of PROMPTS[0].
+    sent = [bench.prompt_for(params(), i) for i in (1, 2, 3)]
+    assert sent == [PROMPTS[1], PROMPTS[2], "(2) " + PROMPTS[0]]
     lengths = [len(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
-                                                 return_dict=True)["input_ids"]) for p in PROMPTS]
+                                                 return_dict=True)["input_ids"]) for p in sent]
     assert result["levels"][0]["prompt_tokens_mean"] == round(statistics.fmean(lengths), 1)
     level1 = result["levels"][0]
     assert result["summary"] == {
@@ -175,7 +181,7 @@ class TimingRelay:
             upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
             for sock in (client, upstream):  # forward each SSE event at once, as the server itself does
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            record = {"request_at": None, "chunks": []}
+            record = {"request_at": None, "chunks": [], "sent": b""}
             self.connections.append(record)
             for pump, args in ((self._requests, (client, upstream, record)),
                                (self._responses, (upstream, client, record))):
@@ -192,6 +198,7 @@ class TimingRelay:
                 if (level, kind) == (socket.SOL_SOCKET, SO_TIMESTAMPNS) and record["request_at"] is None:
                     seconds, nanoseconds = struct.unpack("qq", value)
                     record["request_at"] = seconds + nanoseconds / 1e9
+            record["sent"] += data
             upstream.sendall(data)
         upstream.shutdown(socket.SHUT_WR)
 
@@ -261,6 +268,73 @@ def test_ttft_and_decode_speed_agree_with_independent_timing(inference_server, m
                                                                 rel=0.05)
 
 
+def sent_prompt(record):
+    """The user message of the chat completion a relay record carried."""
+    body = record["sent"].split(b"\r\n\r\n", 1)[1]
+    return json.loads(body)["messages"][0]["content"]
+
+
+@pytest.mark.parametrize("workload", [{"prompts": PROMPTS}, {"prompts": None, "prompt_tokens": 24}])
+def test_every_request_of_a_run_sends_its_own_prompt(inference_server, model_id, workload):
+    """No request may be a prompt-cache hit of another: warm-up and every level included (llama.cpp reuses a
+    slot's longest common prefix; a repeated prompt measured a 34 ms TTFT where a new one took 1.4 s)."""
+    relay = TimingRelay(int(inference_server.rsplit(":", 1)[1]))
+    try:
+        result, failure, _ = bench.run(params(url=f"http://127.0.0.1:{relay.port}", model=model_id, max_tokens=2,
+                                              warmup=2, requests=3, concurrency=[1, 2], **workload))
+    finally:
+        relay.close()
+    assert failure is None
+    sent = sorted(sent_prompt(record) for record in relay.connections)
+    assert len(sent) == 8 and len(set(sent)) == 8
+    assert sent == sorted(bench.prompt_for(params(**workload), i) for i in range(8))
+    if workload.get("prompt_tokens"):
+        # Synthetic prompts do not even share their first word.
+        assert len({prompt.split()[0] for prompt in sent}) == 8
+    # The same sequence in every run, so that runs compare like with like.
+    assert [bench.prompt_for(params(**workload), i) for i in range(8)] == \
+        [bench.prompt_for(params(**workload), i) for i in range(8)]
+
+
+def test_synthetic_prompts_start_with_different_words():
+    firsts = [bench.synthetic_prompt(4, i).split()[0] for i in range(len(bench.SYNTHETIC_WORDS))]
+    assert len(set(firsts)) == len(bench.SYNTHETIC_WORDS)
+
+
+def test_cpu_split_separates_engine_benchmark_and_others():
+    before = {"wall": 100.0, "busy": 50.0, "steal": 0, "total": 10000, "engine": 20.0, "own": 1.0}
+    after = {"wall": 110.0, "busy": 68.0, "steal": 100, "total": 12000, "engine": 32.0, "own": 2.0}
+    split = bench.cpu_split(before, after)
+    assert split == {"engine": 1.2, "benchmark": 0.1, "other": 0.5, "steal_percent": 5.0}
+    assert bench.is_noisy(split, 0.25) and not bench.is_noisy(split, 0.5)
+    assert bench.is_noisy(dict(split, other=0.0, steal_percent=5.1), 0.25)
+    assert bench.cpu_split(dict(before, engine=None), after)["other"] == 1.7  # engine unknown: counted as other
+
+
+def engine_pid(url):
+    port = url.rsplit(":", 1)[1]
+    return next(proc.pid for proc in psutil.process_iter(["cmdline"])
+                if "serve" in (proc.info["cmdline"] or []) and port in (proc.info["cmdline"] or []))
+
+
+def test_another_busy_process_marks_the_run_noisy(inference_server, model_id):
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1)
+        result, failure, warnings = bench.run(params(url=inference_server, model=model_id, requests=2,
+                                                     engine_pid=engine_pid(inference_server)))
+    finally:
+        busy.kill()
+        busy.wait()
+    assert failure is None
+    assert result["host_load"]["other_cpus_before"] >= 0.6
+    level = result["levels"][0]
+    assert level["cpu"]["other"] >= 0.5 and level["noisy"] and result["noisy"]
+    assert level["cpu"]["engine"] > 0.05  # the engine's own work is not counted as noise
+    assert any(w.startswith("concurrency 1: other processes used") for w in warnings)
+    assert any(w.startswith("other processes kept") for w in warnings)
+
+
 def ansible_adhoc(args, *extra):
     """Run the module through `ansible localhost -m inference_benchmark`; returns (rc, stdout)."""
     cmd = [os.path.join(VENV_BIN, "ansible"), "localhost", "-M", os.path.join(ROOT, "library"),
@@ -273,7 +347,7 @@ def ansible_adhoc(args, *extra):
 
 def test_through_ansible(inference_server, model_id):
     rc, stdout = ansible_adhoc({"url": inference_server, "model": model_id, "requests": 2, "max_tokens": 8,
-                                "warmup": 0, "api_key": "secret-key"})
+                                "warmup": 0, "api_key": "secret-key", "settle_timeout": 0})
     assert rc == 0, stdout
     assert stdout.startswith("localhost | SUCCESS => {")
     out = json.loads(stdout.split(" => ", 1)[1])
@@ -291,7 +365,9 @@ def test_through_ansible(inference_server, model_id):
 def test_synthetic_prompt_has_exactly_that_many_qwen_tokens(tiny_proxy_dir, tokens):
     from tokenizers import Tokenizer
     tokenizer = Tokenizer.from_file(str(tiny_proxy_dir / "tokenizer.json"))
-    assert len(tokenizer.encode(bench.synthetic_prompt(tokens)).ids) == tokens
+    # Every request's own order of the words, whichever word starts it.
+    for index in list(range(len(bench.SYNTHETIC_WORDS))) + [500, 12345]:
+        assert len(tokenizer.encode(bench.synthetic_prompt(tokens, index)).ids) == tokens, index
 
 
 def test_synthetic_prompt_and_ignore_eos_reach_the_server(inference_server, model_id, tiny_proxy_dir):
