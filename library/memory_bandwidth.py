@@ -12,8 +12,13 @@ description:
   - Runs a short STREAM-style read probe in the inference service's Python environment (O(python)), pinned to
     the service's CPUs (O(cpus), with sched_setaffinity(2)) and thread count (O(threads), via
     C(torch.set_num_threads) and C(OMP_NUM_THREADS)), so it reads memory the way the engine's matrix-vector
-    products do. The probe sums a float32 array of O(size_mb) MiB (much larger than the last-level cache)
-    O(repeats) times and keeps the fastest pass; bandwidth = array bytes / time, in GB/s (10^9 bytes/s).
+    products do. The probe sums a float32 array of O(size_mb) MiB (keep it at least 4x the last-level cache,
+    so that the cache serves a negligible share) pass after pass until the last O(repeats) passes agree within
+    O(spread_percent) (spread = (slowest - fastest) / median of those passes), at most O(max_passes) passes;
+    bandwidth = array bytes / median time of those last passes, in GB/s (10^9 bytes/s). A probe that never
+    settles returns its figure with RV(probe.stable) false and a warning.
+  - With O(bandwidth_gb_s) no probe runs: the given figure (one probe per host, taken while it was idle) bounds
+    the model's decode, so every row of a comparison is measured against the same bandwidth.
     It uses torch when the environment has it (multi-threaded reduction), else numpy (the array split among
     O(threads) Python threads; numpy releases the GIL while it sums).
   - With O(model_path), reads the model's weight sizes from the safetensors headers alone (8-byte
@@ -57,9 +62,24 @@ options:
     default: 256
   repeats:
     description:
-      - Timed passes over the array; the fastest counts (as STREAM reports the best time).
+      - Consecutive timed passes over the array that must agree within O(spread_percent); their median counts.
     type: int
     default: 5
+  spread_percent:
+    description:
+      - Largest accepted spread of the last O(repeats) passes, percent of their median time.
+    type: float
+    default: 5
+  max_passes:
+    description:
+      - Timed passes at most, before the probe gives up waiting for a stable figure.
+    type: int
+    default: 40
+  bandwidth_gb_s:
+    description:
+      - Bandwidth measured before, in GB/s; skips the probe (O(cpus), O(threads) and O(size_mb) are then unused;
+        O(python) must still exist, it reads a C(.gguf) O(model_path)).
+    type: float
   timeout:
     description:
       - Seconds the probe may take, imports included.
@@ -109,13 +129,13 @@ EXAMPLES = r"""
 
 RETURN = r"""
 bandwidth_gb_s:
-  description: Read bandwidth of the fastest pass, 10^9 bytes/s.
+  description: Read bandwidth, 10^9 bytes/s (median of the last O(repeats) passes, or O(bandwidth_gb_s)).
   returned: success
   type: float
   sample: 18.4
 probe:
   description: How the bandwidth was measured.
-  returned: success
+  returned: unless O(bandwidth_gb_s) is given
   type: dict
   contains:
     engine:
@@ -135,8 +155,17 @@ probe:
       description: Seconds of the fastest pass.
       type: float
     median_s:
-      description: Median seconds of the passes.
+      description: Median seconds of the last O(repeats) passes.
       type: float
+    passes:
+      description: Timed passes run.
+      type: int
+    spread_percent:
+      description: Spread of the last O(repeats) passes, percent of their median.
+      type: float
+    stable:
+      description: Whether that spread is within O(spread_percent).
+      type: bool
 model:
   description: Bytes the model reads per decoded token; returned with O(model_path).
   returned: when O(model_path) is set
@@ -186,10 +215,11 @@ SAFETENSORS_DTYPE_BYTES = {
 FLOAT_DTYPES = ("F64", "F32", "F16", "BF16")
 TORCH_DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
 
-# Runs in the service's interpreter: argv = threads, bytes, repeats; prints one JSON line.
+# Runs in the service's interpreter: argv = threads, bytes, window, max passes, spread percent; prints one JSON line.
 PROBE = r"""
-import json, sys, time
-threads, size, repeats = (int(arg) for arg in sys.argv[1:4])
+import json, statistics, sys, time
+threads, size, window, max_passes = (int(arg) for arg in sys.argv[1:5])
+spread_limit = float(sys.argv[5])
 try:
     import torch
     torch.set_num_threads(threads)
@@ -206,10 +236,13 @@ except ImportError:
     engine = "numpy " + numpy.__version__
 read()  # page in and warm up the thread pool
 times = []
-for _ in range(repeats):
+while len(times) < max_passes:
     start = time.perf_counter()
     read()
     times.append(time.perf_counter() - start)
+    last = times[-window:]
+    if len(last) == window and (max(last) - min(last)) / statistics.median(last) * 100 <= spread_limit:
+        break
 print(json.dumps({"engine": engine, "bytes": size // 4 * 4, "times": times}))
 """
 
@@ -335,15 +368,19 @@ def gguf_bytes_per_token(python, path, context_tokens, timeout):
     }
 
 
-def probe_bandwidth(python, cpus, threads, size_mb, repeats, timeout):
+def probe_bandwidth(python, cpus, threads, size_mb, repeats, timeout, spread_percent=5.0, max_passes=40):
     """Run PROBE with PYTHON pinned to CPUS; returns (GB/s, probe dict). RooflineError on failure."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    out = run_in(python, "the probe", ["-c", PROBE, str(threads), str(size_mb * 2**20), str(repeats)], timeout,
-                 env=env, preexec_fn=lambda: os.sched_setaffinity(0, cpus))
-    best = min(out["times"])
+    args = [str(threads), str(size_mb * 2**20), str(repeats), str(max(max_passes, repeats)), str(spread_percent)]
+    out = run_in(python, "the probe", ["-c", PROBE] + args, timeout, env=env,
+                 preexec_fn=lambda: os.sched_setaffinity(0, cpus))
+    last = out["times"][-repeats:]
+    median = statistics.median(last)
+    spread = (max(last) - min(last)) / median * 100
     probe = {"engine": out["engine"], "cpus": sorted(cpus), "threads": threads, "bytes": out["bytes"],
-             "best_s": round(best, 6), "median_s": round(statistics.median(out["times"]), 6)}
-    return round(out["bytes"] / best / 1e9, 3), probe
+             "best_s": round(min(out["times"]), 6), "median_s": round(median, 6), "passes": len(out["times"]),
+             "spread_percent": round(spread, 2), "stable": len(last) == repeats and spread <= spread_percent}
+    return round(out["bytes"] / median / 1e9, 3), probe
 
 
 def run(params):
@@ -356,6 +393,10 @@ def run(params):
     threads = params["threads"] or len(cpus)
     if threads < 1 or params["size_mb"] < 1 or params["repeats"] < 1 or params["context_tokens"] < 0:
         return result, "threads, size_mb and repeats must be >= 1 and context_tokens >= 0"
+    if params["spread_percent"] <= 0 or params["max_passes"] < 1:
+        return result, "spread_percent must be > 0 and max_passes >= 1"
+    if params["bandwidth_gb_s"] is not None and params["bandwidth_gb_s"] <= 0:
+        return result, "bandwidth_gb_s must be > 0"
     if not os.access(params["python"], os.X_OK):
         return result, f"python {params['python']} is not an executable file (is the service installed?)"
     try:
@@ -367,11 +408,15 @@ def run(params):
                                          params["timeout"])
         elif params["model_path"]:
             model = model_bytes_per_token(params["model_path"], params["dtype"], params["context_tokens"])
-        bandwidth, probe = probe_bandwidth(params["python"], cpus, threads, params["size_mb"], params["repeats"],
-                                           params["timeout"])
+        if params["bandwidth_gb_s"]:
+            bandwidth = params["bandwidth_gb_s"]
+        else:
+            bandwidth, probe = probe_bandwidth(params["python"], cpus, threads, params["size_mb"], params["repeats"],
+                                               params["timeout"], params["spread_percent"], params["max_passes"])
+            result["probe"] = probe
     except (RooflineError, OSError) as error:
         return result, str(error)
-    result.update(bandwidth_gb_s=bandwidth, probe=probe)
+    result["bandwidth_gb_s"] = bandwidth
     if model:
         result.update(model=model, decode_upper_bound_tokens_per_s=round(bandwidth * 1e9 / model["bytes_per_token"], 3))
     return result, None
@@ -383,6 +428,9 @@ ARGUMENT_SPEC = {
     "threads": {"type": "int"},
     "size_mb": {"type": "int", "default": 256},
     "repeats": {"type": "int", "default": 5},
+    "spread_percent": {"type": "float", "default": 5},
+    "max_passes": {"type": "int", "default": 40},
+    "bandwidth_gb_s": {"type": "float"},
     "timeout": {"type": "int", "default": 120},
     "model_path": {"type": "path"},
     "dtype": {"type": "str", "default": "auto", "choices": ["auto", "bfloat16", "float16", "float32"]},
@@ -394,6 +442,10 @@ def main():
     """Run the module; it only reads, so it also measures in check mode."""
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
     result, failure = run(module.params)
+    if result.get("probe") and not result["probe"]["stable"]:
+        module.warn(f"the bandwidth probe did not settle: the last {module.params['repeats']} passes spread "
+                    f"{result['probe']['spread_percent']} % (limit {module.params['spread_percent']} %); "
+                    "another process is probably using memory bandwidth")
     if failure:
         module.fail_json(msg=failure, **result)
     module.exit_json(**result)

@@ -66,13 +66,38 @@ def test_probe_runs_pinned_and_gives_the_upper_bound(tmp_path):
     probe = result["probe"]
     assert (probe["cpus"], probe["threads"], probe["bytes"]) == ([0], 1, 16 * 2**20)
     assert probe["engine"].startswith("torch ")
-    # best_s is rounded to the microsecond in the result.
-    assert result["bandwidth_gb_s"] == pytest.approx(probe["bytes"] / probe["best_s"] / 1e9, rel=1e-3)
+    # The figure is the median of the last `repeats` passes (median_s is rounded to the microsecond).
+    assert result["bandwidth_gb_s"] == pytest.approx(probe["bytes"] / probe["median_s"] / 1e9, rel=1e-3)
+    assert probe["best_s"] <= probe["median_s"]
+    assert 2 <= probe["passes"] <= 40
+    assert probe["stable"] == (probe["spread_percent"] <= 5.0)
     assert result["model"]["bytes_per_token"] == 4_000_000
     assert result["decode_upper_bound_tokens_per_s"] == round(result["bandwidth_gb_s"] * 1e9 / 4_000_000, 3)
 
 
+def test_probe_stops_when_the_last_passes_agree():
+    result, failure = mb.run(params(repeats=3, spread_percent=50.0, max_passes=30))
+    assert failure is None
+    # A 50 % band is met at once on any machine: exactly `repeats` passes.
+    assert (result["probe"]["passes"], result["probe"]["stable"]) == (3, True)
+    # An impossible band runs every pass and says the figure is not stable.
+    result, failure = mb.run(params(repeats=3, spread_percent=1e-9, max_passes=6))
+    assert failure is None
+    assert (result["probe"]["passes"], result["probe"]["stable"]) == (6, False)
+
+
+def test_a_given_bandwidth_skips_the_probe(tmp_path):
+    path = write_model(tmp_path, {"lm_head.weight": torch.zeros(1000, 1000)}, **LAYER)
+    result, failure = mb.run(params(model_path=path, context_tokens=0, bandwidth_gb_s=20.0, python="/nonexistent"))
+    assert failure == "python /nonexistent is not an executable file (is the service installed?)"
+    result, failure = mb.run(params(model_path=path, context_tokens=0, bandwidth_gb_s=20.0))
+    assert failure is None and "probe" not in result
+    assert (result["bandwidth_gb_s"], result["decode_upper_bound_tokens_per_s"]) == (20.0, 5000.0)
+
+
 @pytest.mark.parametrize("overrides, message", [
+    ({"spread_percent": 0.0}, "spread_percent must be > 0 and max_passes >= 1"),
+    ({"bandwidth_gb_s": -1.0}, "bandwidth_gb_s must be > 0"),
     ({"cpus": "0-x"}, "cpus must be CPU numbers or ranges (CPUAffinity= syntax), got '0-x'"),
     ({"python": "/nonexistent/python"},
      "python /nonexistent/python is not an executable file (is the service installed?)"),
