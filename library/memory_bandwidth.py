@@ -14,7 +14,8 @@ description:
     C(torch.set_num_threads) and C(OMP_NUM_THREADS)), so it reads memory the way the engine's matrix-vector
     products do. The probe sums a float32 array of O(size_mb) MiB (keep it at least 4x the last-level cache,
     so that the cache serves a negligible share) pass after pass until the last O(repeats) passes agree within
-    O(spread_percent) (spread = (slowest - fastest) / median of those passes), at most O(max_passes) passes;
+    O(spread_percent) (spread = (slowest - fastest) / median of those passes), at most O(max_passes) passes; a
+    pass reads the array as many times as fit in about 0.2 s (timed on a read after the one that pages it in);
     bandwidth = array bytes / median time of those last passes, in GB/s (10^9 bytes/s). A probe that never
     settles returns its figure with RV(probe.stable) false and a warning.
   - With O(bandwidth_gb_s) no probe runs: the given figure (one probe per host, taken while it was idle) bounds
@@ -235,11 +236,16 @@ except ImportError:
     read = lambda: sum(pool.map(lambda chunk: float(chunk.sum()), chunks))
     engine = "numpy " + numpy.__version__
 read()  # page in and warm up the thread pool
+start = time.perf_counter()
+read()
+# One pass reads the array often enough to last about 0.2 s, so scheduler ticks and page-cache noise average out.
+reads = max(1, int(0.2 / max(time.perf_counter() - start, 1e-6)))
 times = []
 while len(times) < max_passes:
     start = time.perf_counter()
-    read()
-    times.append(time.perf_counter() - start)
+    for _ in range(reads):
+        read()
+    times.append((time.perf_counter() - start) / reads)
     last = times[-window:]
     if len(last) == window and (max(last) - min(last)) / statistics.median(last) * 100 <= spread_limit:
         break

@@ -1,0 +1,323 @@
+#!/usr/bin/python
+# -*- coding: utf-8 -*-
+"""Ansible module engine_direct: run a systemd service's engine directly, outside systemd, as its twin."""
+
+from __future__ import annotations
+
+DOCUMENTATION = r"""
+---
+module: engine_direct
+short_description: Start or stop the engine of a systemd service directly, as a user would start it by hand
+description:
+  - Reads what a systemd service runs with C(systemctl show) (C(ExecStart) argv, C(Environment), C(User),
+    C(Group), C(CPUAffinity), C(NUMAPolicy), C(NUMAMask); systemd.exec(5)) and, with O(state=started), starts
+    the same command as a plain process outside systemd, with the same environment, user, CPU pinning
+    (sched_setaffinity(2)) and NUMA memory binding (C(numactl --membind), numactl(8), when the unit binds
+    memory), on O(port) instead of the service's port (the value after C(--port) in the command). None of the
+    unit's sandboxing applies, so the twin shows what the sandbox, the service manager and the unit's settings
+    cost.
+  - It waits until C(http://127.0.0.1:PORT) answers O(health_path) with HTTP 200, or fails with the last lines
+    of the process's output. The process runs in its own session, so it outlives the module; its PID is kept
+    in O(pid_file), and O(state=stopped) ends it (SIGTERM to its process group, SIGKILL after O(timeout_stop)).
+  - The service itself is left as it is; stop it first when both must not share the CPUs.
+  - C(changed) is true when a process was started or stopped.
+version_added: "0.2.0"
+author: llmtune project
+options:
+  unit:
+    description:
+      - The systemd service whose engine to run, with or without C(.service).
+    type: str
+    default: llm-inference
+  state:
+    description:
+      - C(started) starts the twin (a running twin from O(pid_file) is stopped first); C(stopped) ends it.
+    type: str
+    default: started
+    choices: [started, stopped]
+  port:
+    description:
+      - TCP port the twin listens on, replacing the value of C(--port) in the service's command.
+    type: int
+    default: 8100
+  health_path:
+    description:
+      - Path answered with HTTP 200 once the engine is ready (C(/health) for C(transformers serve),
+        C(/v1/models) for llama.cpp).
+    type: str
+    default: /health
+  timeout:
+    description:
+      - Seconds to wait for the twin to become ready (model load included).
+    type: float
+    default: 600
+  timeout_stop:
+    description:
+      - Seconds between SIGTERM and SIGKILL when stopping.
+    type: float
+    default: 30
+  pid_file:
+    description:
+      - File holding the twin's PID.
+    type: path
+    default: /run/llmtune-engine-direct.pid
+  log_path:
+    description:
+      - File receiving the twin's standard output and error (truncated at each start).
+    type: path
+    default: /var/lib/llmtune/engine-direct.log
+notes:
+  - Fails when the unit has no C(ExecStart), its command has no C(--port) option, C(numactl) is missing for a
+    unit with C(NUMAPolicy), or the twin exits or is not ready within O(timeout).
+"""
+
+EXAMPLES = r"""
+- name: Stop the service, so that the twin has the CPUs to itself
+  ansible.builtin.systemd_service:
+    name: llm-inference.service
+    state: stopped
+
+- name: Run its engine directly on port 8100
+  engine_direct:
+    unit: llm-inference
+    port: 8100
+  register: twin
+
+- name: End the twin
+  engine_direct:
+    state: stopped
+"""
+
+RETURN = r"""
+pid:
+  description: PID of the twin (state=started).
+  returned: state=started
+  type: int
+url:
+  description: Base URL of the twin.
+  returned: state=started
+  type: str
+  sample: http://127.0.0.1:8100
+argv:
+  description: Command the twin runs (the service's ExecStart argv with the twin's port, after numactl when the unit binds memory).
+  returned: state=started
+  type: list
+  elements: str
+user:
+  description: User the twin runs as (root when the unit names none).
+  returned: state=started
+  type: str
+cpus:
+  description: CPUs the twin is pinned to (the unit's CPUAffinity; all CPUs when it has none).
+  returned: state=started
+  type: list
+  elements: int
+environment:
+  description: Names of the environment variables set from the unit (values are not returned).
+  returned: state=started
+  type: list
+  elements: str
+ready_s:
+  description: Seconds from start until the health check answered.
+  returned: state=started
+  type: float
+"""
+
+import grp
+import http.client
+import os
+import pwd
+import shlex
+import signal
+import subprocess
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmtune_sysfs import parse_cpu_list
+
+SHOW_PROPERTIES = ("ExecStart", "Environment", "User", "Group", "CPUAffinity", "NUMAPolicy", "NUMAMask")
+
+
+class DirectError(Exception):
+    """The twin cannot be started or stopped; the message is one line for the task output."""
+
+
+def parse_show(text):
+    """{property: value} of `systemctl show -p ...` output (one NAME=VALUE line each)."""
+    values = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition("=")
+        if sep:
+            values[name] = value
+    return values
+
+
+def exec_argv(exec_start):
+    """argv of a `systemctl show` ExecStart value: `{ path=... ; argv[]=ARG ARG ... ; ignore_errors=no ; ... }`.
+
+    systemd prints each argument C-escaped and separated by spaces (systemd.syntax(7)); shlex splits it.
+    """
+    marker = "argv[]="
+    start = exec_start.find(marker)
+    if start < 0:
+        raise DirectError(f"no command in ExecStart={exec_start!r}")
+    end = exec_start.find(" ; ", start)
+    return shlex.split(exec_start[start + len(marker):end if end >= 0 else None])
+
+
+def with_port(argv, port):
+    """ARGV with the value of its --port option (`--port N` or `--port=N`) replaced by PORT."""
+    out, found = list(argv), False
+    for i, arg in enumerate(out):
+        if arg == "--port" and i + 1 < len(out):
+            out[i + 1], found = str(port), True
+        elif arg.startswith("--port="):
+            out[i], found = f"--port={port}", True
+    if not found:
+        raise DirectError(f"the service's command has no --port option: {' '.join(argv)}")
+    return out
+
+
+def twin_spec(show, port):
+    """What to run: (argv, environment additions, user, group, CPUs or None) from parsed `systemctl show`."""
+    if not show.get("ExecStart"):
+        raise DirectError("the unit has no ExecStart (is it installed?)")
+    argv = with_port(exec_argv(show["ExecStart"]), port)
+    env = dict(item.split("=", 1) for item in shlex.split(show.get("Environment", "")) if "=" in item)
+    cpus = parse_cpu_list(",".join(show.get("CPUAffinity", "").split())) or None
+    if show.get("NUMAPolicy") and show["NUMAPolicy"] not in ("default", "n/a") and show.get("NUMAMask"):
+        argv = ["numactl", "--membind=" + ",".join(show["NUMAMask"].split())] + argv
+    return argv, env, show.get("User") or "root", show.get("Group") or "", cpus
+
+
+def read_pid(pid_file):
+    """PID in PID_FILE if that process still runs (a zombie has ended), else None."""
+    try:
+        with open(pid_file, encoding="ascii") as handle:
+            pid = int(handle.read().strip())
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            state = handle.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, ValueError, IndexError):
+        return None
+    return None if state in ("Z", "X") else pid
+
+
+def stop(pid_file, timeout):
+    """End the twin of PID_FILE (its whole process group); True when one was running."""
+    pid = read_pid(pid_file)
+    if pid is not None:
+        try:
+            os.killpg(pid, signal.SIGTERM)
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline and read_pid(pid_file) is not None:
+                time.sleep(0.2)
+            if read_pid(pid_file) is not None:
+                os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        os.unlink(pid_file)
+    except FileNotFoundError:
+        pass
+    return pid is not None
+
+
+def healthy(port, path):
+    """True when http://127.0.0.1:PORT/PATH answers 200."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+
+
+def tail(path, lines=15):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return " | ".join(handle.read().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def start(params, show):
+    """Start the twin and wait until it is ready; returns the result fields."""
+    argv, env_add, user, group, cpus = twin_spec(show, params["port"])
+    try:
+        account = pwd.getpwnam(user)
+        gid = grp.getgrnam(group).gr_gid if group else account.pw_gid
+    except KeyError as error:
+        raise DirectError(f"unknown user or group of the unit: {error}") from error
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": account.pw_dir, "USER": user, "LANG": "C.UTF-8"}
+    env.update(env_add)
+
+    def become():
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+        os.setgid(gid)
+        os.initgroups(user, gid)
+        os.setuid(account.pw_uid)
+
+    os.makedirs(os.path.dirname(params["log_path"]), exist_ok=True)
+    with open(params["log_path"], "w", encoding="utf-8") as log:
+        try:
+            proc = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, preexec_fn=become, start_new_session=True)
+        except OSError as error:
+            raise DirectError(f"cannot start {argv[0]}: {error}") from error
+    with open(params["pid_file"], "w", encoding="ascii") as handle:
+        handle.write(f"{proc.pid}\n")
+    started = time.monotonic()
+    while not healthy(params["port"], params["health_path"]):
+        if proc.poll() is not None:
+            raise DirectError(f"the twin exited with status {proc.returncode}: {tail(params['log_path'])}")
+        if time.monotonic() - started > params["timeout"]:
+            stop(params["pid_file"], params["timeout_stop"])
+            raise DirectError(f"the twin was not ready within {params['timeout']} s: {tail(params['log_path'])}")
+        time.sleep(1)
+    return {"pid": proc.pid, "url": f"http://127.0.0.1:{params['port']}", "argv": argv, "user": user,
+            "cpus": sorted(cpus or os.sched_getaffinity(0)), "environment": sorted(env_add),
+            "ready_s": round(time.monotonic() - started, 1)}
+
+
+ARGUMENT_SPEC = {
+    "unit": {"type": "str", "default": "llm-inference"},
+    "state": {"type": "str", "default": "started", "choices": ["started", "stopped"]},
+    "port": {"type": "int", "default": 8100},
+    "health_path": {"type": "str", "default": "/health"},
+    "timeout": {"type": "float", "default": 600},
+    "timeout_stop": {"type": "float", "default": 30},
+    "pid_file": {"type": "path", "default": "/run/llmtune-engine-direct.pid"},
+    "log_path": {"type": "path", "default": "/var/lib/llmtune/engine-direct.log"},
+}
+
+
+def main():
+    """Start or stop the twin; check mode reports what would happen and runs nothing."""
+    module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
+    params = module.params
+    if not 0 < params["port"] < 65536:
+        module.fail_json(msg=f"port must be 1-65535, got {params['port']}")
+    if params["state"] == "stopped":
+        running = read_pid(params["pid_file"]) is not None
+        if not module.check_mode:
+            stop(params["pid_file"], params["timeout_stop"])
+        module.exit_json(changed=running)
+    if module.check_mode:
+        module.exit_json(changed=True)
+    unit = params["unit"] if params["unit"].endswith(".service") else params["unit"] + ".service"
+    rc, out, err = module.run_command(["systemctl", "show", unit, "--no-pager"]
+                                      + [f"--property={name}" for name in SHOW_PROPERTIES])
+    if rc != 0:
+        module.fail_json(msg=f"systemctl show {unit} failed: {err.strip()}")
+    try:
+        stop(params["pid_file"], params["timeout_stop"])
+        module.exit_json(changed=True, **start(params, parse_show(out)))
+    except (DirectError, OSError) as error:
+        module.fail_json(msg=str(error))
+
+
+if __name__ == "__main__":
+    main()

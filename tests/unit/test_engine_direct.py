@@ -1,0 +1,88 @@
+"""library/engine_direct.py: the service's command read from real `systemctl show` output, and a real twin run."""
+
+import os
+import urllib.request
+
+import pytest
+
+import engine_direct as ed  # noqa: E402  (library/ is on sys.path via conftest)
+from conftest import FIXTURES, PROXY_ENV, VENV_BIN, free_port  # noqa: E402
+
+
+def show(name):
+    with open(os.path.join(FIXTURES, "systemd", name), encoding="utf-8") as handle:
+        return ed.parse_show(handle.read())
+
+
+def test_untuned_unit_runs_its_command_unpinned_on_the_twin_port():
+    argv, env, user, group, cpus = ed.twin_spec(show("show-untuned"), 8100)
+    assert argv == ["/opt/llmtune/venv/bin/transformers", "serve", "/opt/llmtune/models/qwen3-0.6b-proxy",
+                    "--device", "cpu", "--host", "127.0.0.1", "--port", "8100", "--dtype", "auto"]
+    assert env == {"HF_HUB_OFFLINE": "1", "HF_HOME": "/var/cache/llm-inference"}
+    assert (user, group, cpus) == ("llm", "llm", None)
+
+
+def test_tuned_unit_keeps_threads_and_pinning():
+    argv, env, user, _group, cpus = ed.twin_spec(show("show-tuned"), 9000)
+    assert argv[argv.index("--port") + 1] == "9000"
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "2"
+    assert (user, cpus) == ("llm", [0, 1])
+
+
+def test_numa_binding_runs_under_numactl():
+    argv, *_ = ed.twin_spec(dict(show("show-tuned"), NUMAPolicy="bind", NUMAMask="1"), 8100)
+    assert argv[:2] == ["numactl", "--membind=1"]
+
+
+@pytest.mark.parametrize("exec_start, message", [
+    ("", "the unit has no ExecStart (is it installed?)"),
+    ("{ path=/bin/engine ; argv[]=/bin/engine --host 127.0.0.1 ; ignore_errors=no }",
+     "the service's command has no --port option: /bin/engine --host 127.0.0.1"),
+])
+def test_a_command_the_twin_cannot_copy_is_named(exec_start, message):
+    with pytest.raises(ed.DirectError) as error:
+        ed.twin_spec({"ExecStart": exec_start}, 8100)
+    assert str(error.value) == message
+
+
+def test_port_given_with_equals_sign():
+    assert ed.with_port(["engine", "--port=8000"], 8100) == ["engine", "--port=8100"]
+
+
+def test_twin_runs_the_real_engine_pinned_with_the_units_environment(tiny_proxy_dir, tmp_path):
+    """The real `transformers serve` started from a unit's settings, answering on the twin port, then ended."""
+    port = free_port()
+    exec_start = (f"{{ path={VENV_BIN}/transformers ; argv[]={VENV_BIN}/transformers serve {tiny_proxy_dir} --device cpu "
+                  f"--host 127.0.0.1 --port 1 ; ignore_errors=no ; start_time=[n/a] ; pid=0 ; status=0/0 }}")
+    unit = {"ExecStart": exec_start, "User": "root", "Group": "", "CPUAffinity": "0",
+            "Environment": f"OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 HF_HOME={PROXY_ENV.get('HF_HOME', tmp_path)}"}
+    params = {"port": port, "health_path": "/health", "timeout": 120, "timeout_stop": 20,
+              "pid_file": str(tmp_path / "twin.pid"), "log_path": str(tmp_path / "log" / "twin.log")}
+    result = ed.start(params, unit)
+    try:
+        assert result["url"] == f"http://127.0.0.1:{port}"
+        with urllib.request.urlopen(result["url"] + "/health", timeout=5) as resp:
+            assert resp.status == 200
+        with open(f"/proc/{result['pid']}/status", encoding="ascii") as handle:
+            status = dict(line.split(":\t", 1) for line in handle.read().splitlines() if ":\t" in line)
+        assert status["Cpus_allowed_list"].strip() == "0"
+        with open(f"/proc/{result['pid']}/environ", "rb") as handle:
+            environ = handle.read().split(b"\0")
+        assert b"OMP_NUM_THREADS=1" in environ and b"HF_HUB_OFFLINE=1" in environ
+        assert result["environment"] == ["HF_HOME", "HF_HUB_OFFLINE", "OMP_NUM_THREADS"]
+        assert ed.read_pid(params["pid_file"]) == result["pid"]
+    finally:
+        assert ed.stop(params["pid_file"], 20) is True
+    with open(f"/proc/{result['pid']}/stat", encoding="ascii") as handle:
+        assert handle.read().rsplit(")", 1)[1].split()[0] == "Z"  # ended; reaped by its parent, this test
+    assert ed.stop(params["pid_file"], 20) is False  # nothing left to stop
+
+
+def test_a_twin_that_exits_fails_with_its_output(tmp_path):
+    unit = {"ExecStart": "{ path=/bin/sh ; argv[]=/bin/sh -c \"echo no model here; exit 3\" --port 1 ; ignore_errors=no }",
+            "User": "root"}
+    params = {"port": free_port(), "health_path": "/health", "timeout": 30, "timeout_stop": 5,
+              "pid_file": str(tmp_path / "twin.pid"), "log_path": str(tmp_path / "twin.log")}
+    with pytest.raises(ed.DirectError) as error:
+        ed.start(params, unit)
+    assert str(error.value) == "the twin exited with status 3: no model here"
