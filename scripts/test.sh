@@ -6,12 +6,42 @@
 # one), never beside a benchmark that counts: next to two emulated CPUs, llama.cpp decode fell from ~40 to
 # 3.5 tokens/s even at SCHED_IDLE priority. The scenarios before it (autotune) build the llama.cpp wheel it uses.
 # Its disk image is built during lint and unit tests, which measure nothing either.
+#   ./scripts/test.sh           the whole suite (the README's test command, CI)
+#   ./scripts/test.sh --quick   day-to-day subset: lint, module docs, unit tests, molecule default (no VM)
 set -euo pipefail
+quick=false
+case "${1:-}" in
+  --quick) quick=true ;;
+  "") ;;
+  *) echo "usage: $0 [--quick]" >&2; exit 2 ;;
+esac
 . "$(dirname "$0")/env.sh"
+mkdir -p "$LLMTUNE_CACHE"
+# Phase table: wall time and the machine's busy CPU time (/proc/stat, all processes: containers and VMs too) of
+# each phase, printed at the end of every run, passed or failed.
+phases=$LLMTUNE_CACHE/phases.tsv
+: >"$phases"
+ticks=$(getconf CLK_TCK)
+busy_s() { awk -v t="$ticks" '/^cpu /{printf "%.0f", ($2+$3+$4+$7+$8)/t}' /proc/stat; }
+start=$SECONDS
+phase= phase_wall= phase_busy=
+end_phase() {
+  [ -n "$phase" ] && printf '%s\t%s\t%s\n' "$phase" $((SECONDS - phase_wall)) $(($(busy_s) - phase_busy)) >>"$phases"
+  phase=
+}
+step() {
+  end_phase
+  printf '== %s (%s s since start)\n' "$1" $((SECONDS - start))
+  phase=$1 phase_wall=$SECONDS phase_busy=$(busy_s)
+}
+print_phases() {
+  end_phase
+  printf '\n== phase table (wall s, busy CPU s of the whole machine; %s CPUs)\n' "$(nproc)"
+  awk -F'\t' '{printf "%-62s %6d %8d\n", $1, $2, $3; w += $2} END {printf "%-62s %6d\n", "total", w}' "$phases"
+}
+step "controller set-up (one-off: apt packages, venv, node image)"
 "$LLMTUNE_ROOT/scripts/setup-controller.sh"
 cd "$LLMTUNE_ROOT"
-start=$SECONDS
-step() { printf '== %s (%s s since start)\n' "$1" $((SECONDS - start)); }
 mkdir -p "$LLMTUNE_CACHE/vm"
 vm_log=$LLMTUNE_CACHE/vm/run.log
 vm_pid=
@@ -19,25 +49,32 @@ vm_pid=
 stop_vm() {
   if [ -n "$vm_pid" ] && kill -0 "$vm_pid" 2>/dev/null; then kill -- "-$vm_pid"; wait "$vm_pid" || true; fi
 }
-trap stop_vm EXIT
+trap 'stop_vm; print_phases' EXIT
 
-tests/vm/build-image.sh >"$LLMTUNE_CACHE/vm/build-image.log" 2>&1 &
-image_pid=$!
+image_pid=
+if ! $quick; then
+  tests/vm/build-image.sh >"$LLMTUNE_CACHE/vm/build-image.log" 2>&1 &
+  image_pid=$!
+fi
 
 # Unit tests beside the linters: each keeps one CPU busy.
 pytest_log=$LLMTUNE_CACHE/pytest.log
 python -m pytest tests/unit -q >"$pytest_log" 2>&1 &
 pytest_pid=$!
-step yamllint; yamllint -s .
-step ansible-lint; ansible-lint --profile production
-step ansible-doc
+step "yamllint (beside: unit tests, VM image build)"; yamllint -s .
+step "ansible-lint (beside: unit tests, VM image build)"; ansible-lint --profile production
+step "ansible-doc (beside: unit tests, VM image build)"
 for module in library/*.py; do
   ansible-doc -M library "$(basename "$module" .py)" >/dev/null
 done
-step pytest
+step "waiting for the unit tests"
 wait "$pytest_pid" || { cat "$pytest_log"; exit 1; }
 tail -1 "$pytest_log"
-step "VM image"
+if $quick; then
+  step "molecule default"; molecule test -s default
+  exit 0
+fi
+step "waiting for the VM image (one-off, built beside lint)"
 wait "$image_pid" || { cat "$LLMTUNE_CACHE/vm/build-image.log"; exit 1; }
 tail -1 "$LLMTUNE_CACHE/vm/build-image.log"
 
@@ -49,13 +86,13 @@ for scenario in molecule/*/; do
 done
 
 # The VM and the fleet scenario both serve the tiny proxy: built once, before either starts.
-step "tiny proxy model"
+step "tiny proxy model (one-off)"
 ansible-playbook playbooks/proxy_model.yml -e proxy_model_preset=qwen3-test-tiny
-step "reboot proof in a VM, in the background (log $vm_log)"
+echo "== reboot proof in a VM, in the background (log $vm_log)"
 setsid tests/vm/run.sh >"$vm_log" 2>&1 &
 vm_pid=$!
 for scenario in "${beside_vm[@]}"; do
-  step "molecule $scenario"; molecule test -s "$scenario"
+  step "molecule $scenario (beside the VM)"; molecule test -s "$scenario"
 done
 step "waiting for the VM"
 vm_rc=0
@@ -64,4 +101,3 @@ vm_pid=
 if [ "$vm_rc" -ne 0 ]; then cat "$vm_log"; echo "== reboot proof in a VM failed (rc $vm_rc)"; exit "$vm_rc"; fi
 # The evidence: each check table, then the phase durations.
 sed -n '/Show setting, wanted and observed/,/^$/p;/^== phase durations/,$p' "$vm_log"
-step done
