@@ -351,8 +351,6 @@ def main():
                                           dropin_dir, params["running_cmdline"])
     except (CmdlineError, OSError) as exc:
         module.fail_json(msg=str(exc))
-    for warning in result.pop("warnings"):
-        module.warn(warning)
     changed = new_text != old_text
     if changed and module._diff:
         result["diff"] = dict(before=old_text, after=new_text, before_header=path, after_header=path)
@@ -360,6 +358,8 @@ def main():
         backup_file = write_file(module, path, new_text, params["backup"] or bool(result["merged"]))
         if backup_file:
             result["backup_file"] = backup_file
+    for warning in result.pop("warnings"):
+        module.warn(warning)
     module.exit_json(changed=changed, **result)
 
 
