@@ -419,3 +419,39 @@ def missing_params(cmdline, wanted, remove):
 def join_params(params):
     """Join :class:`Param` objects back into one command line string."""
     return " ".join(param.raw for param in params)
+
+
+# Core parameters with a file of their own: transparent_hugepage= sets the boot default of THP
+# "enabled" (Documentation/admin-guide/mm/transhuge.rst).
+EFFECT_FILES = {"transparent_hugepage": "/sys/kernel/mm/transparent_hugepage/enabled"}
+# kstrtobool words (lib/kstrtox.c) that a bool module parameter accepts; sysfs shows it as Y or N.
+_BOOL_WORDS = {"y": "Y", "yes": "Y", "1": "Y", "on": "Y", "n": "N", "no": "N", "0": "N", "off": "N"}
+
+
+def effect_path(name):
+    """Return the file where the kernel reports the value in force of boot parameter ``name``, or None.
+
+    ``module.param`` gives ``/sys/module/<module>/parameters/<param>``: for a built-in module the kernel
+    creates it at boot from the command line, whatever the hardware (kernel/params.c
+    ``param_sysfs_builtin``; Documentation/ABI/stable/sysfs-module), for a loadable one when it loads.
+    A few core parameters have a file of their own (:data:`EFFECT_FILES`). Any other parameter shows only
+    in ``/proc/cmdline``: None.
+    """
+    key = param_key(name)
+    if key in EFFECT_FILES:
+        return EFFECT_FILES[key]
+    module, dot, param = key.partition(".")
+    if dot and module and param and "/" not in key:
+        return "/sys/module/%s/parameters/%s" % (module, param)
+    return None
+
+
+def same_effect(actual, value):
+    """Whether a value read from an effect file (str, bracketed word already taken) is ``value``.
+
+    ``value`` is the parameter's value (str; None for a bare flag, which sets a bool parameter). A bool
+    module parameter reads ``Y``/``N`` whatever word set it (kernel/params.c ``param_get_bool``).
+    """
+    if actual in ("Y", "N"):
+        return _BOOL_WORDS.get("1" if value is None else value.lower()) == actual
+    return actual == value
