@@ -26,6 +26,9 @@ description:
     C(n/a) when swapoff(2) is not permitted here (no CAP_SYS_ADMIN in C(/proc/self/status) CapEff, man 7
     capabilities).
   - With O(fstab), adds a row for active swap lines in that fstab (third field C(swap), man 5 fstab).
+  - O(sysctl_files) adds a row per sysctl.d file of ours - C(drift) when a file applied after it at boot
+    (systemd-sysctl's order, sysctl.d(5)) or by C(sysctl --system) (C(/etc/sysctl.conf) last, sysctl(8))
+    gives one of its keys another value.
   - O(files) compares persistent files byte for byte with the text the role writes (its own template
     rendered with C(lookup('ansible.builtin.template')), which renders as the C(template) module does).
   - O(units) turns the C(status) of C(ansible.builtin.systemd_service) into rows - wanted enabled and
@@ -80,6 +83,24 @@ options:
       content:
         description: Wanted text of the file (UTF-8).
         type: str
+        required: true
+  sysctl_files:
+    description: Our sysctl.d files, whose keys no file applied after them may set to another value.
+    type: list
+    elements: dict
+    default: []
+    suboptions:
+      name:
+        description: Setting name in the table.
+        type: str
+        required: true
+      path:
+        description: Our file, in C(/etc/sysctl.d).
+        type: str
+        required: true
+      settings:
+        description: The keys it sets and their values.
+        type: dict
         required: true
   units:
     description: systemd units that must be enabled and active.
@@ -141,7 +162,7 @@ EXAMPLES = r"""
     swap_off: true
     fstab: /etc/fstab
     rows:
-      - {setting: swap.sysctl_file, wanted: /etc/sysctl.d/90-llmtune-swap.conf as templated,
+      - {setting: swap.sysctl_file, wanted: /etc/sysctl.d/zz-llmtune-swap.conf as templated,
          actual: as templated, status: ok}
   register: drift
 
@@ -152,7 +173,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 rows:
-  description: Every row, O(rows) first, then O(files), O(units), O(settings), the swap rows, then O(boot_params).
+  description: Every row, O(rows) first, then O(files), O(sysctl_files), O(units), O(settings), the swap rows,
+    then O(boot_params).
   returned: always
   type: list
   elements: dict
@@ -181,6 +203,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmtune_cmdline import (CmdlineError, effect_path, format_param, param_key, same_effect,
                                                   split_kernel_params)
+from ansible.module_utils.llmtune_sysctl import describe, overriding_assignments
 from ansible.module_utils.llmtune_sysfs import (has_capability, is_fstab_swap_line, kernel_value, parse_proc_swaps,
                                                 read_text, sysroot_path)
 
@@ -252,6 +275,15 @@ def compare_file(sysroot, name, path, content):
     number = next((i for i, (a, b) in enumerate(zip(have, want)) if a != b), min(len(have), len(want)))
     line = have[number] if number < len(have) else "(end of file)"
     return row(name, "as templated", "%s line %d: %s" % (path, number + 1, line), "drift")
+
+
+def compare_sysctl_order(sysroot, name, path, settings):
+    """Row for our sysctl.d file ``path``: ok when no file applied after it overrides one of ``settings``."""
+    wanted = "%s wins at boot" % path
+    later = overriding_assignments(sysroot, path, settings)
+    if not later:
+        return row(name, wanted, "no later file sets %s" % ", ".join(sorted(settings)), "ok")
+    return row(name, wanted, "; ".join(describe(assignment) for assignment in later), "drift")
 
 
 def compare_unit(name, status):
@@ -361,6 +393,11 @@ def main():
                 "path": {"type": "str", "required": True},
                 "content": {"type": "str", "required": True},
             }},
+            "sysctl_files": {"type": "list", "elements": "dict", "default": [], "options": {
+                "name": {"type": "str", "required": True},
+                "path": {"type": "str", "required": True},
+                "settings": {"type": "dict", "required": True},
+            }},
             "units": {"type": "list", "elements": "dict", "default": [], "options": {
                 "name": {"type": "str", "required": True},
                 "status": {"type": "dict", "required": True},
@@ -386,6 +423,7 @@ def main():
                                  "and a reason for n/a" % (given, ", ".join(STATUSES)))
         rows.append(row(*(str(given[key]) for key in COLUMNS), reason=str(given.get("reason") or "")))
     rows += [compare_file(sysroot, f["name"], f["path"], f["content"]) for f in params["files"]]
+    rows += [compare_sysctl_order(sysroot, f["name"], f["path"], f["settings"]) for f in params["sysctl_files"]]
     rows += [compare_unit(u["name"], u["status"]) for u in params["units"]]
     rows += [compare_setting(sysroot, s["key"], s["path"], s["value"]) for s in params["settings"]]
     if params["swap_off"]:
