@@ -359,7 +359,7 @@ def _compare_boot_param(sysroot, param, running, configured, not_applicable):
     elif on_cmdline:
         if path:
             return row(setting, param.raw, "on /proc/cmdline", "n/a",
-                       "%s absent: module not loaded, or no kernel module parameter" % path)
+                       "%s cannot be read: module not loaded, no module parameter, or root only" % path)
         return row(setting, param.raw, "on /proc/cmdline", "ok")
     else:
         actual = "not on /proc/cmdline"

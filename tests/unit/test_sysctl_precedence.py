@@ -16,7 +16,8 @@ import sysctl_precedence
 import tuning_drift
 from ansible.module_utils.common import warnings
 from ansible.module_utils.llmtune_state import load_state
-from ansible.module_utils.llmtune_sysctl import COMMENT_MARK, key_path, overriding_assignments, parse_sysctl_text, sysctl_order
+from ansible.module_utils.llmtune_sysctl import (COMMENT_MARK, key_path, overriding_assignments, parse_sysctl_text,
+                                                  sysctl_order)
 from ansible.module_utils.testing import patch_module_args
 from conftest import FIXTURES
 

@@ -217,7 +217,8 @@ def test_boot_parameters_after_the_reboot_are_checked_where_the_kernel_reports_t
         "/sys/kernel/mm/transparent_hugepage/enabled: always although /proc/cmdline has it", "drift", "")
     assert rows["grub.boot.processor.max_cstate"] == (
         "on /proc/cmdline", "n/a",
-        "/sys/module/processor/parameters/max_cstate absent: module not loaded, or no kernel module parameter")
+        "/sys/module/processor/parameters/max_cstate cannot be read: module not loaded, no module parameter, "
+        "or root only")
 
 
 def test_boot_parameters_neither_booted_nor_configured_drift(boot_tree, capsys):
@@ -245,8 +246,8 @@ def test_bool_module_parameter_reads_y_or_n(boot_tree, capsys, sysfs, wanted, st
     root = boot_tree("boot-pending")
     (root / "sys/module/intel_idle/parameters/use_acpi").write_text(sysfs + "\n")
     result = run({"sysroot": str(root), "boot_params": {
-        "set": {"intel_idle.use_acpi": wanted}, "configured": "intel_idle.use_acpi" + ("=" + wanted if wanted else "")}},
-        capsys)
+        "set": {"intel_idle.use_acpi": wanted},
+        "configured": "intel_idle.use_acpi" + ("=" + wanted if wanted else "")}}, capsys)
     assert result["rows"][0]["status"] == status
 
 
