@@ -176,15 +176,18 @@ def _check_assignment(line, where, match, word, variable, first):
         raise CmdlineError("%s: another command follows the assignment" % prefix)
 
 
-def _check_between(lines, first, last, variable, source):
-    """Refuse a merge that would change what the lines between two assignments see.
+def _check_between(lines, hits, variable, source):
+    """Refuse a merge that would change what the lines between the assignments see.
 
-    Every line strictly between ``first`` and ``last`` (0-based) must be blank, a comment, or a plain
-    assignment that does not expand ``variable``: then both assignments run one after the other at the
-    same level (no ``if``/``case``/function in between) and the earlier value is never read.
+    ``hits`` are the 0-based indexes of the assignments of ``variable``. Every other line between the
+    first and the last must be blank, a comment, or a plain assignment that does not expand
+    ``variable``: then the assignments run one after the other at the same level (no
+    ``if``/``case``/function in between) and only the next assignment reads an earlier value.
     """
     uses = re.compile(r"\$\{?%s(?![A-Za-z0-9_])" % re.escape(variable))
-    for index in range(first + 1, last):
+    for index in range(hits[0] + 1, hits[-1]):
+        if index in hits:
+            continue
         line = lines[index].rstrip("\r\n")
         stripped = line.strip()
         if not stripped or stripped.startswith("#"):
@@ -234,7 +237,7 @@ def find_assignments(text, variable, source):
         value = word.expand({variable: value})
         found.append(Assignment(index, match.end(), word, where, line))
     if len(found) > 1:
-        _check_between(lines, found[0].index, found[-1].index, variable, source)
+        _check_between(lines, [assignment.index for assignment in found], variable, source)
     return found, value
 
 

@@ -406,6 +406,21 @@ def test_different_duplicates_keep_the_value_the_shell_ends_with(host, capsys, l
     assert run(capsys, root, set={"nosmt": None})["changed"] is False
 
 
+def test_three_assignments_the_middle_one_appending(host, capsys):
+    root = host("proxmox-zfs-duplicate")
+    grub = root / "etc/default/grub"
+    lines = grub.read_text().splitlines(True)
+    lines[3] = 'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX boot=zfs"\n'
+    lines.insert(4, 'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} quiet"\n')
+    grub.write_text("".join(lines))
+    result = run(capsys, root, set={"nosmt": None})
+    assert result["before"] == ZFS_VALUE + " boot=zfs quiet"
+    assert result["merged"] == ["%s:3: %s" % (grub, ZFS_LINE),
+                                '%s:4: GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX boot=zfs"' % grub]
+    assert grub.read_text().splitlines()[2] == 'GRUB_CMDLINE_LINUX="%s boot=zfs quiet nosmt"' % ZFS_VALUE
+    assert bash_accepts(grub)
+
+
 def test_dropin_assignment_is_read_not_merged(host, capsys):
     root = host("proxmox-zfs-duplicate")
     dropin = root / "etc/default/grub.d/zfs.cfg"
