@@ -11,8 +11,10 @@ Two grammars meet here:
   (Debian's ``grub-mkconfig``) and uses ``GRUB_CMDLINE_LINUX`` for every entry and
   ``GRUB_CMDLINE_LINUX_DEFAULT`` for non-recovery entries only (``/etc/grub.d/10_linux``).
 
-Only what can be edited without running a shell is edited: a line that assigns the variable with
-literal (quoted or unquoted) text. Anything else raises :class:`CmdlineError` naming the line.
+Only what can be edited without running a shell is edited: lines that assign the variable with
+literal (quoted or unquoted) text, a later one possibly expanding the variable itself. Repeated
+assignments are merged into the last one, whose value is what the shell ends with. Anything else raises
+:class:`CmdlineError` naming the line.
 """
 
 from __future__ import annotations
@@ -139,66 +141,129 @@ def _assignment_pattern(variable):
     return re.compile(r"^(?P<lead>[ \t]*(?:export[ \t]+)?)%s(?P<op>\+?=)" % re.escape(variable))
 
 
-def find_assignment(text, variable, source):
-    """Locate the one safe assignment of ``variable`` in a defaults file.
+# A plain assignment line of any variable: ``[export ]NAME=``.
+_ANY_ASSIGNMENT = re.compile(r"^[ \t]*(?:export[ \t]+)?[A-Za-z_][A-Za-z0-9_]*=")
 
-    ``text`` is the whole file (str), ``source`` its path for messages. Returns ``None`` when the
-    variable is not assigned, else ``(line_index, value_start, word)`` where ``word`` is the
-    :class:`ShellWord` of the value. Raises :class:`CmdlineError` (message ``source:line: ...``) when
-    the variable is assigned more than once, appended to (``+=``), or its value uses an unbalanced quote,
-    a command substitution, a variable expansion or is followed by another command.
+
+class Assignment:
+    """One line assigning the edited variable: ``index`` (0-based line), ``start`` (index of the value in
+    the line), ``word`` (:class:`ShellWord`), ``where`` (``path:line``) and ``line`` (text, no newline)."""
+
+    def __init__(self, index, start, word, where, line):
+        self.index = index
+        self.start = start
+        self.word = word
+        self.where = where
+        self.line = line
+
+
+def _check_assignment(line, where, match, word, variable, first):
+    """Raise :class:`CmdlineError` unless the assignment can be evaluated without running a shell.
+
+    Only the first assignment must be literal; a later one may expand the variable itself (the value
+    it had), as ``GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX nosmt"`` does.
     """
-    lines = text.splitlines(True)
-    pattern = _assignment_pattern(variable)
-    hits = [(index, pattern.match(line)) for index, line in enumerate(lines)]
-    hits = [(index, match) for index, match in hits if match]
-    if not hits:
-        return None
-    where = ["%s:%d" % (source, index + 1) for index, _ in hits]
-    if len(hits) > 1:
-        raise CmdlineError("%s is assigned more than once (%s); merge them into one line"
-                           % (variable, ", ".join(where)))
-    index, match = hits[0]
-    line = lines[index].rstrip("\r\n")
-    prefix = "%s: %s" % (where[0], line)
+    prefix = "%s: %s" % (where, line)
     if match.group("op") == "+=":
         raise CmdlineError("%s: '+=' is not plain sh; write one plain assignment" % prefix)
-    try:
-        word = parse_shell_word(line, match.end())
-    except CmdlineError as exc:
-        raise CmdlineError("%s: %s" % (prefix, exc))
     if word.command:
         raise CmdlineError("%s: the value uses command substitution, it cannot be edited safely" % prefix)
-    if word.variables:
-        raise CmdlineError("%s: the value expands $%s, it cannot be edited safely"
-                           % (prefix, ", $".join(word.variables)))
+    foreign = [name for name in word.variables if first or name != variable]
+    if foreign:
+        raise CmdlineError("%s: the value expands $%s, it cannot be edited safely" % (prefix, ", $".join(foreign)))
     rest = line[word.end:].strip()
     if rest and not rest.startswith("#"):
         raise CmdlineError("%s: another command follows the assignment" % prefix)
-    return index, match.end(), word
+
+
+def _check_between(lines, hits, variable, source):
+    """Refuse a merge that would change what the lines between the assignments see.
+
+    ``hits`` are the 0-based indexes of the assignments of ``variable``. Every other line between the
+    first and the last must be blank, a comment, or a plain assignment that does not expand
+    ``variable``: then the assignments run one after the other at the same level (no
+    ``if``/``case``/function in between) and only the next assignment reads an earlier value.
+    """
+    uses = re.compile(r"\$\{?%s(?![A-Za-z0-9_])" % re.escape(variable))
+    for index in range(hits[0] + 1, hits[-1]):
+        if index in hits:
+            continue
+        line = lines[index].rstrip("\r\n")
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        match = _ANY_ASSIGNMENT.match(line)
+        plain = False
+        if match:
+            try:
+                word = parse_shell_word(line, match.end())
+                rest = line[word.end:].strip()
+                plain = not rest or rest.startswith("#")
+            except CmdlineError:
+                pass
+        where = "%s:%d: %s" % (source, index + 1, line)
+        if not plain:
+            raise CmdlineError("%s: not a plain assignment, between two assignments of %s; merge them by hand"
+                               % (where, variable))
+        if uses.search(line):
+            raise CmdlineError("%s: reads $%s between two of its assignments; merge them by hand" % (where, variable))
+
+
+def find_assignments(text, variable, source):
+    """Locate every assignment of ``variable`` in a defaults file and check they can be merged.
+
+    ``text`` is the whole file (str), ``source`` its path for messages. Returns ``(assignments, value)``:
+    the list of :class:`Assignment` in file order (empty when the variable is not assigned) and the value
+    the shell ends with (str): each assignment replaces the value, a later one may expand the earlier
+    value. Raises :class:`CmdlineError` (message ``source:line: text: reason``) for an assignment that is
+    appended to (``+=``), has an unbalanced quote, a command substitution or another variable's expansion,
+    or is followed by another command; and for a line between two assignments that is not a plain
+    assignment or reads the variable (merging would change what it sees).
+    """
+    lines = text.splitlines(True)
+    pattern = _assignment_pattern(variable)
+    found, value = [], ""
+    for index, raw in enumerate(lines):
+        match = pattern.match(raw)
+        if not match:
+            continue
+        line = raw.rstrip("\r\n")
+        where = "%s:%d" % (source, index + 1)
+        try:
+            word = parse_shell_word(line, match.end())
+        except CmdlineError as exc:
+            raise CmdlineError("%s: %s: %s" % (where, line, exc))
+        _check_assignment(line, where, match, word, variable, not found)
+        value = word.expand({variable: value})
+        found.append(Assignment(index, match.end(), word, where, line))
+    if len(found) > 1:
+        _check_between(lines, [assignment.index for assignment in found], variable, source)
+    return found, value
 
 
 def replace_assignment(text, variable, value, source):
-    """Return ``text`` with ``variable`` assigned ``value`` (str); every other byte is kept.
+    """Return ``text`` with ``variable`` assigned ``value`` (str) on one line.
 
-    The original quote style is kept when possible; a missing assignment is appended as a new line.
-    Raises :class:`CmdlineError` as :func:`find_assignment`.
+    The last assignment gets the value, in its quote style when possible; earlier assignments of the
+    variable are removed (the last one is what the shell sees). Every other byte is kept. A missing
+    assignment is appended as a new line. Raises :class:`CmdlineError` as :func:`find_assignments`.
     """
-    found = find_assignment(text, variable, source)
-    if found is None:
+    found, _ = find_assignments(text, variable, source)
+    if not found:
         newline = "" if not text or text.endswith("\n") else "\n"
         return "%s%s%s=%s\n" % (text, newline, variable, quote_shell(value))
-    index, start, word = found
+    last = found[-1]
     lines = text.splitlines(True)
-    line = lines[index]
-    lines[index] = line[:start] + quote_shell(value, word.quote or '"') + line[word.end:]
+    line = lines[last.index]
+    lines[last.index] = line[:last.start] + quote_shell(value, last.word.quote or '"') + line[last.word.end:]
+    for earlier in found[:-1]:
+        lines[earlier.index] = ""
     return "".join(lines)
 
 
 def read_assignment(text, variable, source):
-    """Return the literal value (str) of ``variable`` in a defaults file, ``""`` when not assigned."""
-    found = find_assignment(text, variable, source)
-    return found[2].expand({}) if found else ""
+    """Return the value (str) ``variable`` ends with in a defaults file, ``""`` when not assigned."""
+    return find_assignments(text, variable, source)[1]
 
 
 def evaluate_dropins(values, dropins):
@@ -357,3 +422,39 @@ def missing_params(cmdline, wanted, remove):
 def join_params(params):
     """Join :class:`Param` objects back into one command line string."""
     return " ".join(param.raw for param in params)
+
+
+# Core parameters with a file of their own: transparent_hugepage= sets the boot default of THP
+# "enabled" (Documentation/admin-guide/mm/transhuge.rst).
+EFFECT_FILES = {"transparent_hugepage": "/sys/kernel/mm/transparent_hugepage/enabled"}
+# kstrtobool words (lib/kstrtox.c) that a bool module parameter accepts; sysfs shows it as Y or N.
+_BOOL_WORDS = {"y": "Y", "yes": "Y", "1": "Y", "on": "Y", "n": "N", "no": "N", "0": "N", "off": "N"}
+
+
+def effect_path(name):
+    """Return the file where the kernel reports the value in force of boot parameter ``name``, or None.
+
+    ``module.param`` gives ``/sys/module/<module>/parameters/<param>``: for a built-in module the kernel
+    creates it at boot from the command line, whatever the hardware (kernel/params.c
+    ``param_sysfs_builtin``; Documentation/ABI/stable/sysfs-module), for a loadable one when it loads.
+    A few core parameters have a file of their own (:data:`EFFECT_FILES`). Any other parameter shows only
+    in ``/proc/cmdline``: None.
+    """
+    key = param_key(name)
+    if key in EFFECT_FILES:
+        return EFFECT_FILES[key]
+    module, dot, param = key.partition(".")
+    if dot and module and param and "/" not in key:
+        return "/sys/module/%s/parameters/%s" % (module, param)
+    return None
+
+
+def same_effect(actual, value):
+    """Whether a value read from an effect file (str, bracketed word already taken) is ``value``.
+
+    ``value`` is the parameter's value (str; None for a bare flag, which sets a bool parameter). A bool
+    module parameter reads ``Y``/``N`` whatever word set it (kernel/params.c ``param_get_bool``).
+    """
+    if actual in ("Y", "N"):
+        return _BOOL_WORDS.get("1" if value is None else value.lower()) == actual
+    return actual == value

@@ -8,6 +8,7 @@ import json
 import re
 import os
 import shutil
+import subprocess
 
 import pytest
 from ansible.module_utils.llmtune_cmdline import (
@@ -279,10 +280,8 @@ def test_other_variable_with_a_later_copy_is_reported(host, capsys):
 
 
 @pytest.mark.parametrize("edit, message", [
-    (lambda t: t + 'GRUB_CMDLINE_LINUX="nosmt"\n',
-     r"GRUB_CMDLINE_LINUX is assigned more than once \(.*/grub:10, .*/grub:40\)"),
     (lambda t: t.replace('GRUB_CMDLINE_LINUX=""', 'GRUB_CMDLINE_LINUX="quiet'),
-     r'/grub:10: GRUB_CMDLINE_LINUX="quiet: unbalanced double quote'),
+     r'/grub:10: GRUB_CMDLINE_LINUX="quiet: quote not closed on its line \(bash -n: line \d+: unexpected EOF'),
     (lambda t: t.replace('GRUB_CMDLINE_LINUX=""', 'GRUB_CMDLINE_LINUX="$(cat /etc/cmdline)"'),
      r"/grub:10: .* command substitution"),
     (lambda t: t.replace('GRUB_CMDLINE_LINUX=""', 'GRUB_CMDLINE_LINUX="$EXTRA quiet"'),
@@ -313,3 +312,189 @@ def test_non_utf8_bytes_elsewhere_survive(host, capsys):
     original = grub.read_bytes()
     run(capsys, root, set={"nosmt": None})
     assert grub.read_bytes() == original.replace(b'GRUB_CMDLINE_LINUX=""', b'GRUB_CMDLINE_LINUX="nosmt"')
+
+
+# --- repeated assignments (issue 17, input 1) and files the shell cannot source ------------------
+
+ZFS_LINE = 'GRUB_CMDLINE_LINUX="root=ZFS=rpool/ROOT/pve-1 console=tty0 iommu=pt nmi_watchdog=0"'
+ZFS_VALUE = "root=ZFS=rpool/ROOT/pve-1 console=tty0 iommu=pt nmi_watchdog=0"
+
+
+def bash_accepts(path):
+    """True when bash -n accepts the file, as the module's check does."""
+    return subprocess.run(["bash", "-n", str(path)], capture_output=True, check=False).returncode == 0
+
+
+def backups(root):
+    """Backup copies AnsibleModule.backup_local left next to the grub defaults file."""
+    return sorted(p.name for p in (root / "etc/default").iterdir() if p.name.startswith("grub.") and p.is_file())
+
+
+def test_proxmox_zfs_duplicate_lines_3_and_4_are_merged_once(host, capsys):
+    root = host("proxmox-zfs-duplicate")
+    grub = root / "etc/default/grub"
+    original = grub.read_text()
+    assert original.splitlines()[2:4] == [ZFS_LINE, ZFS_LINE]
+    result = run(capsys, root, set=TUNING)
+    assert result["changed"] is True
+    assert result["merged"] == ["%s:3: %s" % (grub, ZFS_LINE)]
+    assert result["before"] == ZFS_VALUE
+    assert result["after"] == ZFS_VALUE + " intel_idle.max_cstate=1 processor.max_cstate=1 transparent_hugepage=madvise"
+    assert grub.read_text().splitlines() == [
+        "GRUB_DEFAULT=0", "GRUB_TIMEOUT=5",
+        'GRUB_CMDLINE_LINUX="%s"' % result["after"],
+        'GRUB_DISTRIBUTOR="Proxmox VE"', 'GRUB_CMDLINE_LINUX_DEFAULT="quiet"']
+    assert bash_accepts(grub)
+    with open(result["backup_file"]) as handle:
+        assert handle.read() == original
+    assert result["warnings"] == ["GRUB_CMDLINE_LINUX is assigned 2 times; merged into %s:4 (the value the shell "
+                                  "ends with), removing %s:3" % (grub, grub)]
+    assert result["pending"] == ["intel_idle.max_cstate=1", "processor.max_cstate=1", "transparent_hugepage=madvise"]
+
+    again = run(capsys, root, set=TUNING)
+    assert (again["changed"], again["merged"], "backup_file" in again) == (False, [], False)
+    assert backups(root) == [os.path.basename(result["backup_file"])]
+
+
+def test_duplicates_are_merged_even_when_the_parameters_are_already_there(host, capsys):
+    root = host("proxmox-zfs-duplicate")
+    grub = root / "etc/default/grub"
+    result = run(capsys, root, set={"iommu": "pt"})
+    assert (result["changed"], result["before"], result["after"]) == (True, ZFS_VALUE, ZFS_VALUE)
+    assert grub.read_text().count("GRUB_CMDLINE_LINUX=") == 1 and ZFS_LINE in grub.read_text()
+    assert len(backups(root)) == 1
+
+
+def test_duplicate_merge_in_check_mode_writes_nothing(host, capsys):
+    root = host("proxmox-zfs-duplicate")
+    grub = root / "etc/default/grub"
+    original = grub.read_bytes()
+    result = run(capsys, root, check=True, set={"nosmt": None})
+    assert result["changed"] is True and result["merged"] == ["%s:3: %s" % (grub, ZFS_LINE)]
+    assert result["diff"]["after"].count("GRUB_CMDLINE_LINUX=") == 1
+    assert grub.read_bytes() == original and backups(root) == [] and "backup_file" not in result
+
+
+@pytest.mark.parametrize("line4, before", [
+    # different values: the last assignment is what the shell ends with
+    ('GRUB_CMDLINE_LINUX="root=ZFS=rpool/ROOT/pve-1 boot=zfs"', "root=ZFS=rpool/ROOT/pve-1 boot=zfs"),
+    # unquoted and single-quoted forms of the later assignment
+    ("GRUB_CMDLINE_LINUX=root=ZFS=rpool/ROOT/pve-1", "root=ZFS=rpool/ROOT/pve-1"),
+    ("export GRUB_CMDLINE_LINUX='nosmt'  # added later", "nosmt"),
+    # the later one appends to the earlier value
+    ('GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX boot=zfs"', ZFS_VALUE + " boot=zfs"),
+    ('GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} boot=zfs"', ZFS_VALUE + " boot=zfs"),
+])
+def test_different_duplicates_keep_the_value_the_shell_ends_with(host, capsys, line4, before):
+    root = host("proxmox-zfs-duplicate")
+    grub = root / "etc/default/grub"
+    lines = grub.read_text().splitlines(True)
+    lines[3] = line4 + "\n"
+    grub.write_text("".join(lines))
+    shell = subprocess.run(["bash", "-c", '. "$1"; printf %s "$GRUB_CMDLINE_LINUX"', "-", str(grub)],
+                           capture_output=True, text=True, check=True).stdout
+    assert shell == before
+    result = run(capsys, root, set={"nosmt": None})
+    assert result["before"] == before and result["merged"] == ["%s:3: %s" % (grub, ZFS_LINE)]
+    assert result["after"] == (before if "nosmt" in before.split() else before + " nosmt")
+    new = grub.read_text().splitlines()
+    assert [line for line in new if "GRUB_CMDLINE_LINUX=" in line] == [
+        line4[:line4.index("=") + 1] + ("'%s'" % result["after"] if "'" in line4 else '"%s"' % result["after"])
+        + ("  # added later" if "#" in line4 else "")]
+    assert new.index([line for line in new if "GRUB_CMDLINE_LINUX=" in line][0]) == 2
+    assert bash_accepts(grub)
+    assert run(capsys, root, set={"nosmt": None})["changed"] is False
+
+
+def test_three_assignments_the_middle_one_appending(host, capsys):
+    root = host("proxmox-zfs-duplicate")
+    grub = root / "etc/default/grub"
+    lines = grub.read_text().splitlines(True)
+    lines[3] = 'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX boot=zfs"\n'
+    lines.insert(4, 'GRUB_CMDLINE_LINUX="${GRUB_CMDLINE_LINUX} quiet"\n')
+    grub.write_text("".join(lines))
+    result = run(capsys, root, set={"nosmt": None})
+    assert result["before"] == ZFS_VALUE + " boot=zfs quiet"
+    assert result["merged"] == ["%s:3: %s" % (grub, ZFS_LINE),
+                                '%s:4: GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX boot=zfs"' % grub]
+    assert grub.read_text().splitlines()[2] == 'GRUB_CMDLINE_LINUX="%s boot=zfs quiet nosmt"' % ZFS_VALUE
+    assert bash_accepts(grub)
+
+
+def test_dropin_assignment_is_read_not_merged(host, capsys):
+    root = host("proxmox-zfs-duplicate")
+    dropin = root / "etc/default/grub.d/zfs.cfg"
+    dropin.parent.mkdir()
+    dropin.write_text('GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX boot=zfs"\n')
+    result = run(capsys, root, set={"nosmt": None})
+    assert result["merged"] == ["%s:3: %s" % (root / "etc/default/grub", ZFS_LINE)]
+    assert dropin.read_text() == 'GRUB_CMDLINE_LINUX="$GRUB_CMDLINE_LINUX boot=zfs"\n'
+    assert result["effective"]["GRUB_CMDLINE_LINUX"] == ZFS_VALUE + " nosmt boot=zfs"
+    assert result["overridden_by"] == []
+
+
+@pytest.mark.parametrize("between, message", [
+    ('if [ -e /etc/pve ]; then GRUB_TIMEOUT=3; fi',
+     r"grub:4: if \[ -e /etc/pve \]; then GRUB_TIMEOUT=3; fi: not a plain assignment, between two assignments "
+     r"of GRUB_CMDLINE_LINUX; merge them by hand"),
+    ('GRUB_CMDLINE_LINUX_DEFAULT="$GRUB_CMDLINE_LINUX quiet"',
+     r"grub:4: .*: reads \$GRUB_CMDLINE_LINUX between two of its assignments; merge them by hand"),
+])
+def test_duplicates_with_something_between_that_a_merge_would_change_are_refused(host, capsys, between, message):
+    root = host("proxmox-zfs-duplicate")
+    grub = root / "etc/default/grub"
+    lines = grub.read_text().splitlines(True)
+    grub.write_text("".join(lines[:3] + [between + "\n"] + lines[3:]))
+    original = grub.read_bytes()
+    result = run(capsys, root, set={"nosmt": None})
+    assert result["failed"] is True and re.search(message, result["msg"]), result["msg"]
+    assert grub.read_bytes() == original and backups(root) == []
+
+
+@pytest.mark.parametrize("number, broken, text", [
+    # the issue's line 3 without its closing quote: bash pairs it with line 4's and complains at line 6
+    (3, ZFS_LINE[:-1], r"quote not closed on its line \(bash -n: line 6: unexpected EOF"),
+    (5, "GRUB_DISTRIBUTOR='Proxmox VE", r"quote not closed on its line \(bash -n: line 5: unexpected EOF"),
+])
+def test_unterminated_quote_is_refused_naming_its_line_and_left_untouched(host, capsys, number, broken, text):
+    root = host("proxmox-zfs-duplicate")
+    grub = root / "etc/default/grub"
+    lines = grub.read_text().splitlines(True)
+    lines[number - 1] = broken + "\n"
+    grub.write_text("".join(lines))
+    original = grub.read_bytes()
+    assert not bash_accepts(grub)
+    for check in (True, False):
+        result = run(capsys, root, check=check, set={"nosmt": None})
+        assert result["failed"] is True
+        assert re.match(r"%s:%d: %s: %s" % (re.escape(str(grub)), number, re.escape(broken), text),
+                        result["msg"]), result["msg"]
+        assert result["msg"].endswith("nothing changed: the shell cannot source %s as it is" % grub)
+        assert grub.read_bytes() == original and backups(root) == []
+
+
+def test_dropin_the_shell_cannot_source_is_refused(host, capsys):
+    root = host("debian12-dropins")
+    dropin = root / "etc/default/grub.d/10-serial.cfg"
+    dropin.write_text(dropin.read_text() + "if true; then\n")
+    grub = root / "etc/default/grub"
+    original = grub.read_bytes()
+    result = run(capsys, root, set={"nosmt": None})
+    assert result["failed"] is True
+    assert result["msg"].startswith("%s:%d: (end of file): bash -n: syntax error: unexpected end of file"
+                                    % (dropin, len(dropin.read_text().splitlines()) + 1)), result["msg"]
+    assert grub.read_bytes() == original
+
+
+def test_new_text_bash_rejects_is_never_written(host, capsys, monkeypatch):
+    root = host("proxmox-zfs-duplicate")
+    grub = root / "etc/default/grub"
+    original = grub.read_bytes()
+    # stands for an edit gone wrong: the module must check what it is about to write
+    monkeypatch.setattr(kernel_cmdline, "replace_assignment", lambda text, *args: text + "GRUB_X='broken\n")
+    result = run(capsys, root, set={"nosmt": None})
+    assert result["failed"] is True
+    assert result["msg"].startswith("refusing to write %s, nothing changed: the new text would not pass bash -n "
+                                    "(%s:7: GRUB_X='broken: quote not closed on its line" % (grub, grub)), result["msg"]
+    assert grub.read_bytes() == original and backups(root) == []
+    assert [p for p in (root / "etc/default").iterdir() if p.name.startswith(".kernel_cmdline.")] == []

@@ -4,6 +4,7 @@ import json
 import os
 import shutil
 
+import kernel_cmdline
 import pytest
 import tuning_drift
 from conftest import FIXTURES
@@ -151,5 +152,115 @@ def test_table_lists_given_rows_first_and_aligns_columns(tree, capsys):
 def test_bad_rows_fail_with_one_line(bad, capsys):
     result = run({"rows": [bad]}, capsys)
     assert result["failed"] is True
-    assert result["msg"] == ("bad drift row %r: needs setting, wanted, actual, status (ok, drift, n/a) and a "
-                             "reason for n/a" % (bad,))
+    assert result["msg"] == ("bad drift row %r: needs setting, wanted, actual, status (ok, drift, pending reboot, "
+                             "n/a) and a reason for n/a" % (bad,))
+
+
+# --- boot parameters: configured for the next boot is not in force (issue 17, input 6) -------------------
+
+BOOT = {"intel_idle.max_cstate": "1", "processor.max_cstate": "1", "transparent_hugepage": "madvise"}
+
+
+@pytest.fixture(name="boot_tree")
+def fixture_boot_tree(tmp_path):
+    """Copy tests/fixtures/drift/NAME (grub defaults, /proc/cmdline, the sysfs effect files) to tmp_path."""
+    def make(name):
+        root = tmp_path / name
+        shutil.copytree(os.path.join(FIXTURES, "drift", name), root)
+        return root
+    return make
+
+
+def configured_cmdline(root, capsys):
+    """The command line the tree's grub defaults pass at the next boot, read by kernel_cmdline unedited."""
+    args = {"path": str(root / "etc/default/grub"), "running_cmdline": str(root / "proc/cmdline"),
+            "_ansible_check_mode": True}
+    with patch_module_args(args), pytest.raises(SystemExit):
+        kernel_cmdline.main()
+    return json.loads(capsys.readouterr().out)["cmdline"]
+
+
+def test_boot_parameters_in_grub_defaults_but_not_booted_are_pending_reboot(boot_tree, capsys):
+    root = boot_tree("boot-pending")
+    configured = configured_cmdline(root, capsys)
+    assert configured == "intel_idle.max_cstate=1 processor.max_cstate=1 transparent_hugepage=madvise quiet"
+    result = run({"sysroot": str(root), "boot_params": {"set": BOOT, "configured": configured}}, capsys)
+    assert by_setting(result) == {
+        "grub.boot.intel_idle.max_cstate": (
+            "/sys/module/intel_idle/parameters/max_cstate: 9, not on /proc/cmdline; the boot configuration has it",
+            "pending reboot", ""),
+        "grub.boot.processor.max_cstate": (
+            "/sys/module/processor/parameters/max_cstate: 8, not on /proc/cmdline; the boot configuration has it",
+            "pending reboot", ""),
+        # the thp role wrote it at runtime: in force although the kernel did not boot with it
+        "grub.boot.transparent_hugepage": ("/sys/kernel/mm/transparent_hugepage/enabled: madvise", "ok", "")}
+    assert result["pending"] == ["grub.boot.intel_idle.max_cstate", "grub.boot.processor.max_cstate"]
+    assert result["drift"] == []
+    assert result["table"][1].endswith("pending reboot")
+
+
+def test_boot_parameters_after_the_reboot_are_checked_where_the_kernel_reports_them(boot_tree, capsys):
+    root = boot_tree("boot-rebooted")
+    args = {"sysroot": str(root), "boot_params": {"set": BOOT, "configured": configured_cmdline(root, capsys)}}
+    result = run(args, capsys)
+    assert by_setting(result) == {
+        "grub.boot.intel_idle.max_cstate": ("/sys/module/intel_idle/parameters/max_cstate: 1", "ok", ""),
+        "grub.boot.processor.max_cstate": ("/sys/module/processor/parameters/max_cstate: 1", "ok", ""),
+        "grub.boot.transparent_hugepage": ("/sys/kernel/mm/transparent_hugepage/enabled: madvise", "ok", "")}
+    assert (result["drift"], result["pending"]) == ([], [])
+
+    # on the command line but not in force where the kernel reports it: drift, not ok
+    (root / "sys/kernel/mm/transparent_hugepage/enabled").write_text("[always] madvise never\n")
+    (root / "sys/module/processor").rename(root / "sys/module/processor.gone")
+    rows = by_setting(run(args, capsys))
+    assert rows["grub.boot.transparent_hugepage"] == (
+        "/sys/kernel/mm/transparent_hugepage/enabled: always although /proc/cmdline has it", "drift", "")
+    assert rows["grub.boot.processor.max_cstate"] == (
+        "on /proc/cmdline", "n/a",
+        "/sys/module/processor/parameters/max_cstate cannot be read: module not loaded, no module parameter, "
+        "or root only")
+
+
+def test_boot_parameters_neither_booted_nor_configured_drift(boot_tree, capsys):
+    root = boot_tree("boot-pending")
+    result = run({"sysroot": str(root), "boot_params": {
+        "set": {"intel_idle.max_cstate": "1", "nosmt": None}, "remove": ["quiet", "splash"],
+        "configured": "intel_idle.max_cstate=2 quiet"}}, capsys)
+    assert by_setting(result) == {
+        "grub.boot.intel_idle.max_cstate": (
+            "/sys/module/intel_idle/parameters/max_cstate: 9, not on /proc/cmdline; the boot configuration lacks it",
+            "drift", ""),
+        "grub.boot.nosmt": ("not on /proc/cmdline; the boot configuration lacks it", "drift", ""),
+        "grub.boot.quiet": ("on /proc/cmdline and in the boot configuration", "drift", ""),
+        "grub.boot.splash": ("not on /proc/cmdline", "ok", "")}
+    result = run({"sysroot": str(root), "boot_params": {
+        "set": {"nosmt": None}, "remove": ["quiet"], "configured": "nosmt"}}, capsys)
+    assert by_setting(result) == {
+        "grub.boot.nosmt": ("not on /proc/cmdline; the boot configuration has it", "pending reboot", ""),
+        "grub.boot.quiet": ("on /proc/cmdline; the boot configuration drops it", "pending reboot", "")}
+
+
+@pytest.mark.parametrize("sysfs, wanted, status", [("Y", None, "ok"), ("Y", "1", "ok"), ("N", "on", "pending reboot"),
+                                                   ("N", "off", "ok")])
+def test_bool_module_parameter_reads_y_or_n(boot_tree, capsys, sysfs, wanted, status):
+    root = boot_tree("boot-pending")
+    (root / "sys/module/intel_idle/parameters/use_acpi").write_text(sysfs + "\n")
+    result = run({"sysroot": str(root), "boot_params": {
+        "set": {"intel_idle.use_acpi": wanted},
+        "configured": "intel_idle.use_acpi" + ("=" + wanted if wanted else "")}}, capsys)
+    assert result["rows"][0]["status"] == status
+
+
+def test_boot_parameters_in_a_container_are_not_applicable(boot_tree, capsys):
+    root = boot_tree("boot-pending")
+    reason = "running in a podman container, which boots no kernel of its own"
+    result = run({"sysroot": str(root), "boot_params": {"set": BOOT, "configured": None, "not_applicable": reason}},
+                 capsys)
+    assert {r["status"] for r in result["rows"]} == {"n/a"} and {r["reason"] for r in result["rows"]} == {reason}
+
+
+def test_pending_rows_from_the_caller_are_counted(capsys):
+    result = run({"rows": [{"setting": "grub.boot.nosmt", "wanted": "nosmt", "actual": "not on /proc/cmdline",
+                            "status": "pending reboot"}]}, capsys)
+    assert (result["pending"], result["drift"]) == (["grub.boot.nosmt"], [])
+    assert result["table"][1] == "grub.boot.nosmt  nosmt   not on /proc/cmdline  pending reboot"
