@@ -1,6 +1,6 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-"""Ansible module: turn every active swap area off (when memory can absorb it) and comment swap out of fstab."""
+"""Ansible module: turn active swap areas off (those memory can absorb) and comment swap out of fstab."""
 
 from __future__ import annotations
 
@@ -9,14 +9,20 @@ DOCUMENTATION = r"""
 module: swap_off
 short_description: Turn swap off now and comment swap entries out of /etc/fstab
 description:
-  - Reads C(/proc/swaps) and C(/proc/meminfo) (man 5 proc). When the swap in use plus O(memory_margin_mb)
-    exceeds C(MemAvailable), fails with one line and changes nothing; otherwise calls swapoff(2) on every
-    active swap area (partition, file, zram).
+  - Reads C(/proc/swaps) and C(/proc/meminfo) (man 5 proc). Calls swapoff(2) on every active swap area
+    (partition, file, zram) whose pages fit in C(MemAvailable) minus O(memory_margin_mb), smallest use
+    first, counting each area turned off against C(MemAvailable). An area that does not fit is left on,
+    with a warning and C(reboot_required=true); the task does not fail, and the persistent change below
+    still happens, so the next boot comes up without that swap.
+  - Each swapoff(2) runs in a child process bounded by O(swapoff_timeout_s). Past it the child is killed;
+    the kernel then stops moving pages back and puts the area back in service (mm/swapfile.c,
+    C(try_to_unuse) returns on a fatal signal), so the area is left on, as for lack of memory. An C(ENOMEM)
+    answer of the kernel, or a child killed by a signal (the OOM killer), counts the same.
   - Comments out every swap line of O(fstab) (third field C(swap), whatever spaces or tabs separate the
     fields) by prefixing C(#llmtune# ), leaving all other lines byte for byte. The file is backed up once
     in the llmtune state directory before its first edit.
   - Records the active swap areas once as C(swap.areas) (file names, one a line) in the llmtune state
-    file before turning them off, so a rollback can turn them on again.
+    file before turning any off, so a rollback can turn them on again.
   - When swapoff(2) is refused with EPERM (no CAP_SYS_ADMIN, for example in a container) the runtime step
     is skipped with C(runtime_reason) and the fstab edit still happens.
   - Supports check mode and diff (the fstab change).
@@ -33,6 +39,11 @@ options:
     description: MiB of C(MemAvailable) that must remain after the swapped-out pages come back into RAM.
     type: int
     default: 256
+  swapoff_timeout_s:
+    description: Seconds one swapoff(2) may take (it reads every swapped-out page back, from disk for a
+      partition or file). Must be at least 1.
+    type: int
+    default: 300
   sysroot:
     description: Directory C(/proc) and O(fstab) are resolved under (C(/) on a live system).
     type: path
@@ -48,6 +59,13 @@ EXAMPLES = r"""
 - name: Swap off now and at boot
   swap_off:
     memory_margin_mb: 512
+    swapoff_timeout_s: 600
+  register: swap_off_result
+
+- name: Tell the operator a reboot finishes the job
+  ansible.builtin.debug:
+    msg: "swap stays on until the next reboot: {{ swap_off_result.runtime_reason }}"
+  when: swap_off_result.reboot_required
 """
 
 RETURN = r"""
@@ -62,8 +80,20 @@ swapped_off:
   returned: always
   type: list
   elements: str
+left_on:
+  description: Swap areas left on, each with the reason (lack of memory, a timeout or a signal, ENOMEM, EPERM).
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"filename": "/dev/sda7", "reason": "not enough memory: 3417 MiB of swap in use, MemAvailable
+            1181 MiB, margin 256 MiB (2493 MiB short)"}]
+reboot_required:
+  description: True when an area was left on for lack of memory, a timeout or a signal; it stays on until the
+    next reboot, which comes up without it (fstab commented out).
+  returned: always
+  type: bool
 runtime_reason:
-  description: Why active swap was left on (for example EPERM in a container); empty when not skipped.
+  description: Why swap areas were left on (the C(left_on) reasons joined); empty when none was.
   returned: always
   type: str
 fstab_commented:
@@ -80,6 +110,7 @@ backup:
 import ctypes
 import ctypes.util
 import errno
+import multiprocessing
 import os
 
 from ansible.module_utils.basic import AnsibleModule
@@ -87,25 +118,61 @@ from ansible.module_utils.llmtune_state import backup_file, record_original
 from ansible.module_utils.llmtune_sysfs import (comment_fstab_swap, parse_meminfo, parse_proc_swaps, read_text,
                                                 sysroot_path)
 
+# errno values fit an exit status; this one marks a child that failed before calling swapoff(2).
+_CHILD_ERROR = 255
 
-def memory_shortfall_kb(swaps, meminfo, margin_kb):
-    """Return how many KiB are missing for swapoff to fit in ``MemAvailable`` minus ``margin_kb`` (0 = fits).
 
-    Swap in use comes back into RAM on swapoff; MemAvailable (kernel estimate, Documentation/filesystems/proc.rst)
-    is what can take it without pushing out page cache the service needs. Falls back to MemFree on
-    kernels older than 3.14 that lack MemAvailable.
+def available_kb(meminfo):
+    """Return the KiB the kernel estimates can be allocated without swapping (``MemAvailable``).
+
+    Source: Documentation/filesystems/proc.rst. Kernels older than 3.14 lack it: ``MemFree`` instead.
     """
-    used = sum(area["used_kb"] for area in swaps)
-    available = meminfo.get("MemAvailable", meminfo.get("MemFree", 0))
-    return max(0, used + margin_kb - available)
+    return meminfo.get("MemAvailable", meminfo.get("MemFree", 0))
 
 
-def swapoff(path):
-    """Call swapoff(2) on ``path``; return 0 or the errno."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    if libc.swapoff(os.fsencode(path)) == 0:
-        return 0
-    return ctypes.get_errno()
+def plan_swapoff(swaps, available, margin_kb):
+    """Split active swap areas into those to turn off and those memory cannot absorb.
+
+    swapoff brings an area's used pages back into RAM. Areas are taken smallest use first, each one
+    counted against ``available`` (KiB), so as many fit as possible. Returns ``(turn_off, refused)``:
+    a list of areas and a list of ``(area, short_kb)``, ``short_kb`` the KiB missing for that area.
+    """
+    turn_off = []
+    refused = []
+    for area in sorted(swaps, key=lambda a: a["used_kb"]):
+        short = area["used_kb"] + margin_kb - available
+        if short > 0:
+            refused.append((area, short))
+        else:
+            turn_off.append(area)
+            available -= area["used_kb"]
+    return turn_off, refused
+
+
+def _swapoff_child(path):
+    """Child process body: swapoff(2) on ``path``; the exit status is 0 or the errno."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+        code = 0 if libc.swapoff(os.fsencode(path)) == 0 else ctypes.get_errno()
+    except BaseException:  # pylint: disable=broad-except
+        code = _CHILD_ERROR
+    os._exit(code)  # no atexit handlers or buffered output of the parent in the child
+
+
+def swapoff(path, timeout_s):
+    """Call swapoff(2) on ``path`` in a child process; return 0, the errno, or None after ``timeout_s`` seconds.
+
+    On timeout the child is killed (SIGKILL); the kernel aborts the swapoff on the fatal signal and puts the
+    area back in service, so nothing is left half done.
+    """
+    child = multiprocessing.get_context("fork").Process(target=_swapoff_child, args=(path,))
+    child.start()
+    child.join(timeout_s)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        return None
+    return child.exitcode
 
 
 def main():
@@ -114,39 +181,58 @@ def main():
             "fstab": {"type": "str", "default": "/etc/fstab"},
             "swapoff": {"type": "bool", "default": True},
             "memory_margin_mb": {"type": "int", "default": 256},
+            "swapoff_timeout_s": {"type": "int", "default": 300},
             "sysroot": {"type": "path", "default": "/"},
             "state_path": {"type": "path", "default": "/var/lib/llmtune/state.json"},
         },
         supports_check_mode=True,
     )
     params = module.params
+    if params["swapoff_timeout_s"] < 1:
+        module.fail_json(msg="swapoff_timeout_s must be at least 1 (seconds), got %d" % params["swapoff_timeout_s"])
     sysroot = params["sysroot"]
     swaps = parse_proc_swaps(read_text(sysroot, "/proc/swaps", ""))
-    result = {"changed": False, "swaps": swaps, "swapped_off": [], "runtime_reason": "",
-              "fstab_commented": [], "backup": None}
+    result = {"changed": False, "swaps": swaps, "swapped_off": [], "left_on": [], "reboot_required": False,
+              "runtime_reason": "", "fstab_commented": [], "backup": None}
 
     if params["swapoff"] and swaps:
-        meminfo = parse_meminfo(read_text(sysroot, "/proc/meminfo", ""))
-        short = memory_shortfall_kb(swaps, meminfo, params["memory_margin_mb"] * 1024)
-        if short:
-            module.fail_json(msg="refusing swapoff: %d MiB of swap in use, MemAvailable %d MiB, margin %d MiB; "
-                             "%d MiB short, nothing changed"
-                             % (sum(a["used_kb"] for a in swaps) // 1024,
-                                meminfo.get("MemAvailable", meminfo.get("MemFree", 0)) // 1024,
-                                params["memory_margin_mb"], -(-short // 1024)), **result)
+        available = available_kb(parse_meminfo(read_text(sysroot, "/proc/meminfo", "")))
+        margin_kb = params["memory_margin_mb"] * 1024
+        turn_off, refused = plan_swapoff(swaps, available, margin_kb)
+        for area, short in refused:
+            result["left_on"].append({
+                "filename": area["filename"],
+                "reason": "not enough memory: %d MiB of swap in use, MemAvailable %d MiB, margin %d MiB "
+                          "(%d MiB short)" % (area["used_kb"] // 1024, available // 1024,
+                                              params["memory_margin_mb"], -(-short // 1024))})
+            result["reboot_required"] = True
         # The rollback turns these areas on again (swapon); recorded once, before the first swapoff.
         record_original(params["state_path"], "swap.areas", "\n".join(a["filename"] for a in swaps),
                         module.check_mode)
-        for area in swaps:
-            code = 0 if module.check_mode else swapoff(area["filename"])
+        for number, area in enumerate(turn_off):
+            code = 0 if module.check_mode else swapoff(area["filename"], params["swapoff_timeout_s"])
             if code in (errno.EPERM, errno.EACCES):
-                result["runtime_reason"] = "swapoff not permitted (%s; no CAP_SYS_ADMIN, e.g. a container)" \
-                    % os.strerror(code)
+                reason = "swapoff not permitted (%s; no CAP_SYS_ADMIN, e.g. a container)" % os.strerror(code)
+                result["left_on"] += [{"filename": a["filename"], "reason": reason} for a in turn_off[number:]]
                 break
+            if code is None or code < 0 or code == errno.ENOMEM:
+                if code is None:
+                    reason = "swapoff timed out after %d s, the kernel kept the area" % params["swapoff_timeout_s"]
+                elif code < 0:  # the OOM killer, for one
+                    reason = "swapoff killed by signal %d, the kernel kept the area" % -code
+                else:
+                    reason = "swapoff refused by the kernel: %s" % os.strerror(code)
+                result["left_on"].append({"filename": area["filename"], "reason": reason})
+                result["reboot_required"] = True
+                continue
             if code:
-                module.fail_json(msg="swapoff %s failed: %s" % (area["filename"], os.strerror(code)), **result)
+                reason = os.strerror(code) if code != _CHILD_ERROR else "could not call swapoff(2)"
+                module.fail_json(msg="swapoff %s failed: %s" % (area["filename"], reason), **result)
             result["swapped_off"].append(area["filename"])
             result["changed"] = True
+        result["runtime_reason"] = "; ".join("%s: %s" % (a["filename"], a["reason"]) for a in result["left_on"])
+        if result["reboot_required"]:
+            module.warn("swap left on until the next reboot: " + result["runtime_reason"])
 
     if params["fstab"]:
         fstab = sysroot_path(sysroot, params["fstab"])

@@ -1,0 +1,96 @@
+# -*- coding: utf-8 -*-
+"""Parsers for what sets swap up at boot: systemctl listings, dphys-swapfile and zram-generator configs.
+
+Used by the swap role's modules (roles/swap/library), so that no command output or config file is parsed
+with a regex inside YAML/Jinja, where the escaping of backslashes depends on the YAML scalar style.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+# systemctl marks failed units with a bullet even in --plain output on some versions (systemd < 243 used "*").
+_BULLETS = ("\u25cf", "*")
+
+# dphys-swapfile(8): CONF_SWAPFILE defaults to /var/swap when the config does not set it.
+DPHYS_DEFAULT_SWAPFILE = "/var/swap"
+
+
+def parse_systemctl_units(text):
+    """Parse ``systemctl list-units --plain --no-legend [--all]`` output into a list of dicts.
+
+    Each line is ``UNIT LOAD ACTIVE SUB DESCRIPTION`` separated by runs of spaces (systemctl pads the
+    columns), e.g. ``dev-sda3.swap loaded active active Swap Partition``. Keys: ``unit``, ``load``
+    (loaded, not-found, masked, ...), ``active`` (active, inactive, failed, ...), ``sub`` (unit-type
+    state, e.g. ``active``/``dead`` for swap units, ``exited`` for oneshot services) and ``description``
+    (str, may be empty). Unit names keep systemd's escaping (``dev-disk-by\\x2duuid-....swap``).
+    A leading failed-unit bullet is dropped; blank and short lines are skipped. Source: systemctl(1).
+    """
+    units = []
+    for line in (text or "").splitlines():
+        fields = line.split(None, 4)
+        if fields and fields[0] in _BULLETS:
+            fields = line.split(None, 5)[1:]
+        if len(fields) < 4:
+            continue
+        units.append({"unit": fields[0], "load": fields[1], "active": fields[2], "sub": fields[3],
+                      "description": fields[4].strip() if len(fields) > 4 else ""})
+    return units
+
+
+def parse_systemctl_show(text):
+    """Parse ``systemctl show -p NAME,... UNIT...`` output into a list of ``{property: value}`` dicts.
+
+    systemctl prints one ``Name=value`` line per property and an empty line between units, in the order
+    the units were given (systemctl(1), "show"). Values are kept as str; an empty value stays ``""``.
+    """
+    blocks = []
+    current = {}
+    for line in (text or "").splitlines():
+        if not line.strip():
+            if current:
+                blocks.append(current)
+            current = {}
+            continue
+        name, sep, value = line.partition("=")
+        if sep:
+            current[name] = value
+    if current:
+        blocks.append(current)
+    return blocks
+
+
+def parse_shell_assignments(text):
+    """Return the variables a ``sh`` fragment of plain assignments sets, as ``{name: value}`` (str).
+
+    For config files that are sourced, such as /etc/dphys-swapfile ("a sh script fragment full of
+    assignments", dphys-swapfile(8)). Words are split and unquoted as sh does (``shlex``, comments
+    dropped); a later assignment overrides an earlier one, as when the file is sourced. Lines that are
+    not a single ``NAME=value`` word (commands, ``export``) are ignored; a line sh could not parse
+    (unbalanced quote) raises ``ValueError``.
+    """
+    values = {}
+    for line in (text or "").splitlines():
+        words = shlex.split(line, comments=True)
+        if len(words) != 1:
+            continue
+        name, sep, value = words[0].partition("=")
+        if sep and name.isidentifier():
+            values[name] = value
+    return values
+
+
+def zram_config_devices(text):
+    """Return the zram device names (``zram0``, ...) a zram-generator config text has sections for.
+
+    zram-generator.conf(5): each device is configured in its ``[zramN]`` section, N a nonnegative
+    integer; other sections are ignored. Comments start with ``#`` or ``;`` (systemd.syntax(7)).
+    """
+    devices = []
+    for line in (text or "").splitlines():
+        line = line.strip()
+        if line.startswith("[") and line.endswith("]"):
+            name = line[1:-1].strip()
+            if name.startswith("zram") and name[4:].isdigit() and name not in devices:
+                devices.append(name)
+    return devices

@@ -1,0 +1,377 @@
+"""Every Jinja regex and backslash escape of the project, rendered as Ansible renders it, on real inputs.
+
+How many backslashes reach the regex engine depends on the YAML scalar style (a double-quoted scalar reads
+escapes, folded, literal, plain and single-quoted ones do not) and on where Jinja meets the string: ansible-core
+2.19 keeps backslashes of string literals inside {{ }} of a task value as they are, but Jinja reads them as
+escapes in {% %} statements, in conditionals (when, that, failed_when) and in template files. So each
+expression is taken from its YAML file as ansible-core loads it and rendered with ansible-core's Templar:
+template() for task values, evaluate_conditional() for conditionals, template(escape_backslashes=False) for
+template files, as the template action does.
+"""
+
+import base64
+import contextlib
+import importlib.util
+import os
+import warnings
+
+import pytest
+from conftest import FIXTURES, ROOT
+
+from ansible.errors import AnsibleValueOmittedError
+from ansible.module_utils import _internal as module_utils_internal
+from ansible.module_utils.llmtune_swap import parse_systemctl_show
+from ansible.parsing.dataloader import DataLoader
+from ansible.template import Templar, trust_as_template
+
+# Importing ansible's controller code marks the whole process as the controller, after which modules send their
+# warnings to the display instead of their result (which other test files check). Only the renders below run so.
+module_utils_internal.is_controller = False
+
+JINJA = os.path.join(FIXTURES, "jinja")
+TUNING = os.path.join(FIXTURES, "tuning")
+
+_SPEC = importlib.util.spec_from_file_location(
+    "swap_sources", os.path.join(ROOT, "roles", "swap", "library", "swap_sources.py"))
+swap_sources = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(swap_sources)
+
+
+def read(*parts):
+    with open(os.path.join(*parts), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def load(relpath):
+    return DataLoader().load_from_file(os.path.join(ROOT, relpath))
+
+
+def _walk(node):
+    if isinstance(node, list):
+        for item in node:
+            yield from _walk(item)
+    elif isinstance(node, dict):
+        if "name" in node:
+            yield node
+        for key in ("tasks", "pre_tasks", "post_tasks", "handlers", "block", "rescue", "always"):
+            yield from _walk(node.get(key, []))
+
+
+def task(relpath, name):
+    """The one task or play named ``name`` in ``relpath``, as ansible-core loads it."""
+    found = [node for node in _walk(load(relpath)) if node["name"] == name]
+    assert len(found) == 1, "%s: %d tasks named %r" % (relpath, len(found), name)
+    return found[0]
+
+
+@contextlib.contextmanager
+def controller():
+    """Run as ansible-core's controller. Where Jinja reads escapes, an invalid one such as a regex's "\\s" only
+    works through a deprecated leniency of Python's codec: that warning is made an error."""
+    module_utils_internal.is_controller = True
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            yield
+    finally:
+        module_utils_internal.is_controller = False
+
+
+def render(expr, **variables):
+    with controller():
+        return Templar(loader=DataLoader(), variables=variables).template(trust_as_template(expr))
+
+
+def condition(expr, **variables):
+    with controller():
+        return Templar(loader=DataLoader(), variables=variables).evaluate_conditional(trust_as_template(expr))
+
+
+def render_template_file(relpath, **variables):
+    with controller():
+        return Templar(loader=DataLoader(), variables=variables).template(
+            trust_as_template(read(ROOT, relpath)), escape_backslashes=False)
+
+
+# --- roles/swap: what boot.yml does with swap_sources' facts ---------------------------------------------------
+
+BOOT = "roles/swap/tasks/boot.yml"
+
+
+MAIN = "roles/swap/tasks/main.yml"
+SDA7 = ("/dev/sda7: not enough memory: 3417 MiB of swap in use, MemAvailable 1181 MiB, margin 256 MiB "
+        "(2493 MiB short)")
+
+
+@pytest.mark.parametrize("swap_off_result, required", [
+    ({"changed": True, "reboot_required": True, "runtime_reason": SDA7}, True),
+    ({"changed": False, "reboot_required": False, "runtime_reason": ""}, False),
+    # swap_disable=false: the swap_off task was skipped
+    ({"changed": False, "skipped": True, "skip_reason": "Conditional result was False"}, False),
+])
+def test_swap_reboot_required_fact(swap_off_result, required):
+    tsk = task(MAIN, "Note whether swap needs a reboot to be off")
+    fact = render(tsk["ansible.builtin.set_fact"]["swap_reboot_required"], swap_off_result=swap_off_result)
+    assert fact is required
+
+
+def test_swap_left_on_message():
+    tsk = task(MAIN, "Report swap areas left on")
+    variables = {"swap_disable": True, "swap_reboot_required": True,
+                 "swap_off_result": {"reboot_required": True, "runtime_reason": SDA7}}
+    assert condition(tsk["when"], **variables)
+    assert render(tsk["ansible.builtin.debug"]["msg"], **variables) == (
+        "swap: left on now: " + SDA7 + "; reboot needed: swap is off at boot from now on")
+    assert not condition(tsk["when"], **dict(variables, swap_off_result={"runtime_reason": ""}))
+
+
+def services_of(host):
+    return swap_sources.service_facts(parse_systemctl_show(read(TUNING, "systemctl", host + ".show")))
+
+
+@pytest.mark.parametrize("reboot_required, names", [
+    (False, ["dphys-swapfile.service", "systemd-zram-setup@zram0.service"]),
+    # an area left on: stopping a service would run its swapoff without the memory check
+    (True, ["dphys-swapfile.service"]),
+])
+def test_services_disabled_and_stopped(reboot_required, names):
+    tsk = task(BOOT, "Disable the services that create swap at boot, stop them when swap is off")
+    services = services_of("raspios-dphys") + services_of("debian12-zram")
+    variables = {"swap_sources_result": {"services": services}, "swap_reboot_required": reboot_required}
+    loop = render(tsk["loop"], **variables)
+    assert [s["name"] for s in loop] == names
+    args = tsk["ansible.builtin.systemd_service"]
+    assert render(args["enabled"], item=loop[0], **variables) is False
+    if reboot_required:
+        with pytest.raises(AnsibleValueOmittedError):
+            render(args["state"], item=loop[0], **variables)
+    else:
+        assert render(args["state"], item=loop[1], **variables) == "stopped"
+        # a static unit (zram-generator's instance) cannot be disabled, only stopped
+        with pytest.raises(AnsibleValueOmittedError):
+            render(args["enabled"], item=loop[1], **variables)
+
+
+DPHYS_100M = {"config": "/etc/dphys-swapfile", "swapsize": "100", "swapfile": "/var/swap",
+              "swapfile_bytes": 104857600}
+
+
+@pytest.mark.parametrize("dphys, left_on, backup, record", [
+    (DPHYS_100M, [], True, False),
+    (dict(DPHYS_100M, swapfile_bytes=2147483648), [], False, True),
+    # swap_off could not turn it off: the file stays until the next run after a reboot
+    (DPHYS_100M, [{"filename": "/var/swap", "reason": "not enough memory"}], False, False),
+    (dict(DPHYS_100M, swapfile_bytes=None), [], False, False),
+])
+def test_dphys_swap_file_backed_up_or_recorded(dphys, left_on, backup, record):
+    block = task(BOOT, "Keep dphys-swapfile from making swap")
+    variables = {"swap_sources_result": {"dphys_swapfile": dphys}, "swap_off_result": {"left_on": left_on},
+                 "swap_file_backup_max_mb": 128}
+    variables.update({name: trust_as_template(expr) for name, expr in block["vars"].items()})
+    assert condition(block["when"], **variables)
+    steps = {t["name"]: t for t in block["block"]}
+    assert all(condition(w, **variables) for w in steps["Back up the small dphys-swapfile swap file"]["when"]) is backup
+    assert all(condition(w, **variables)
+               for w in steps["Record the size of the large dphys-swapfile swap file"]["when"]) is record
+    assert condition(steps["Remove the dphys-swapfile swap file"]["when"], **variables) is (backup or record)
+    if record:
+        args = steps["Record the size of the large dphys-swapfile swap file"]["tuning_state"]
+        assert render(args["key"], **variables) == "swap.file./var/swap"
+        assert render(args["original"], **variables) == "2147483648"
+
+
+def test_zram_generator_drop_in_sizes_every_device_zero():
+    block = task(BOOT, "Keep zram-generator from making zram devices")
+    facts = {"zram_generator": {"installed": True, "config_files": [], "devices": ["zram0", "zram1"]}}
+    devices = render(block["vars"]["swap_zram_devices"], swap_sources_result=facts)
+    assert devices == ["zram0", "zram1"]
+    assert render(block["vars"]["swap_zram_devices"], swap_sources_result={"zram_generator": {"devices": []}}) == [
+        "zram0"]
+    text = render_template_file("roles/swap/templates/zram-generator.conf.j2", swap_zram_devices=devices,
+                                ansible_managed="Ansible managed")
+    assert text.splitlines()[3:] == ["", "[zram0]", "zram-size = 0", "", "[zram1]", "zram-size = 0"]
+
+
+# --- roles/rollback ------------------------------------------------------------------------------------------
+
+RESTORE = "roles/rollback/tasks/restore.yml"
+
+SETTINGS = {
+    "swap.areas": {"original": "/dev/sda3\n/var/swap"},
+    "swap.unit.dev-sda3.swap": {"original": "loaded active active Swap Partition"},
+    "swap.unit.dev-disk-by\\x2duuid-0b1c.swap": {"original": "loaded active active /dev/disk/by-uuid/0b1c"},
+    "swap.unit.var-swap.swap": {"original": "masked inactive dead var-swap.swap"},
+    "swap.service.dphys-swapfile.service": {"original": "running enabled"},
+    "swap.service.systemd-zram-setup@zram0.service": {"original": "running static"},
+    "cpufreq.agent.power-profiles-daemon.service": {"original": "stopped disabled"},
+    "swap.file./var/swap": {"original": "2147483648"},
+    # keys a regex with an unescaped dot would take
+    "swapXunitXdev-sdb2.swap": {"original": "loaded active active /dev/sdb2"},
+    "swapXserviceXzramswap.service": {"original": "running enabled"},
+    "swapXfileX/srv/swap": {"original": "1048576"},
+}
+
+
+def test_rollback_unmasks_the_swap_units_it_masked():
+    tsk = task(RESTORE, "Unmask the swap units the swap role masked")
+    loop = render(tsk["loop"], rollback_settings=SETTINGS)
+    assert [i["key"] for i in loop] == ["swap.unit.dev-sda3.swap", "swap.unit.dev-disk-by\\x2duuid-0b1c.swap"]
+    assert [render(tsk["ansible.builtin.systemd_service"]["name"], item=i) for i in loop] == [
+        "dev-sda3.swap", "dev-disk-by\\x2duuid-0b1c.swap"]
+
+
+def test_rollback_restarts_the_services_it_stopped():
+    tsk = task(RESTORE, "Restart and re-enable the agents the tuning stopped")
+    loop = render(tsk["loop"], rollback_settings=SETTINGS)
+    args = tsk["ansible.builtin.systemd_service"]
+    assert [render(args["name"], item=i) for i in loop] == [
+        "dphys-swapfile.service", "systemd-zram-setup@zram0.service", "power-profiles-daemon.service"]
+    assert render(args["enabled"], item=loop[0]) is True
+    assert render(args["state"], item=loop[1]) == "started"
+
+
+def test_rollback_makes_the_large_swap_files_again():
+    assert condition(task(RESTORE, "Make the large swap files the swap role removed again")["when"],
+                     rollback_settings=SETTINGS)
+    assert not condition(task(RESTORE, "Make the large swap files the swap role removed again")["when"],
+                         rollback_settings={"swap.areas": {"original": "/dev/sda3"}})
+    tsk = task("roles/rollback/tasks/swapfiles.yml", "Write the removed swap files again, zeros of their recorded size")
+    loop = render(tsk["loop"], rollback_settings=SETTINGS)
+    assert [i["key"] for i in loop] == ["swap.file./var/swap"]
+    argv = [render(arg, item=loop[0]) for arg in tsk["ansible.builtin.command"]["argv"]]
+    assert argv == ["dd", "if=/dev/zero", "of=/var/swap", "bs=1M", "count=2147483648", "iflag=count_bytes"]
+    assert render(tsk["ansible.builtin.command"]["creates"], item=loop[0]) == "/var/swap"
+
+
+def test_rollback_finds_the_units_it_created():
+    tsk = task(RESTORE, "Look for the units the tuning created")
+    files = {"/etc/systemd/system/llm-inference.service": {"existed": False},
+             "/etc/systemd/system/llmtune-cstates.service": {"existed": False},
+             "/etc/systemd/system/llm-inferenceXservice": {"existed": False},
+             "/etc/systemd/system/llm-inference.service.d/override.conf": {"existed": False},
+             "/etc/systemd/system/ssh.service": {"existed": True}}
+    assert render(tsk["vars"]["rollback_created_units"], rollback_files=files) == [
+        "/etc/systemd/system/llm-inference.service", "/etc/systemd/system/llmtune-cstates.service"]
+
+
+# --- roles/inference_service, roles/autotune, roles/grub, roles/fleet_report ----------------------------------
+
+@pytest.mark.parametrize("listen, loopback", [
+    ("127.0.0.1", True), ("127.0.1.1", True), ("::1", True), ("localhost", True),
+    ("0.0.0.0", False), ("127x0.0.1", False), ("10.0.0.5", False)])
+def test_loopback_listen_address(listen, loopback):
+    expr = load("roles/inference_service/vars/main.yml")["__inference_service_loopback"]
+    assert render(expr, inference_service_listen=listen) is loopback
+
+
+@pytest.mark.parametrize("path, name", [
+    ("/var/lib/llm-inference/models/qwen3-0.6b-bf16.gguf", "qwen3-0.6b-bf16"),
+    ("/var/lib/llm-inference/models/qwen3xgguf", "qwen3xgguf")])
+def test_llama_cpp_model_alias(path, name):
+    expr = load("roles/inference_service/vars/main.yml")["__inference_service_model_name"]
+    assert render(expr, __inference_service_model_path=path, inference_service_engine="llama_cpp") == name
+
+
+def test_sandbox_exposure_line():
+    tsk = task("roles/inference_service/tasks/service.yml", "Show the exposure score")
+    out = read(JINJA, "systemd-analyze-security")
+    assert render(tsk["ansible.builtin.debug"]["msg"], __inference_service_security={"stdout": out}) == (
+        "Overall exposure level for llm-inference.service: 1.9 OK")
+
+
+def test_autotune_peak_rss_from_proc_status():
+    tsk = task("roles/autotune/tasks/measure.yml", "Record the row")
+    status = read(JINJA, "proc-status")
+    summary = {"ttft_ms_p50": 50.0, "ttft_ms_p95": 60.0, "tpot_ms_p50": 20.0, "decode_tokens_per_s": 50.0,
+               "e2e_ms_p50": 700.0, "output_tokens_per_s": 48.0}
+    variables = {
+        "__autotune_rows": [], "__autotune_row": {"engine": "llama_cpp"}, "__s": summary, "autotune_output_tokens": 32,
+        "__autotune_bench": {"levels": [{"prompt_tokens_mean": 128, "output_tokens": 64, "requests": 2}],
+                             "roofline": {"percent": 40}, "host_load": {"loadavg_before": [0.1, 0.1, 0.1]}},
+        "__autotune_roofline": {"bandwidth_gb_s": 10.0, "decode_upper_bound_tokens_per_s": 120.0},
+        "__autotune_status": {"content": base64.b64encode(status.encode()).decode()},
+    }
+    rows = render(tsk["ansible.builtin.set_fact"]["__autotune_rows"], **variables)
+    vmhwm_kb = int([line for line in status.splitlines() if line.startswith("VmHWM:")][0].split()[1])
+    assert rows[0]["rss_mb"] == round(vmhwm_kb / 1024)
+
+
+def test_grub_bls_args_from_grubby():
+    tsk = task("roles/grub/tasks/regenerate-RedHat.yml", "Set the kernel arguments of every BLS entry")
+    lines = read(JINJA, "grubby-info-rhel9").splitlines()
+    args = render(tsk["vars"]["grub_bls_args"], grub_bls_info={"stdout_lines": lines})
+    assert len(args) == 2
+    assert args[0][-2:] == ["quiet", "processor.max_cstate=1"]
+    assert args[1][0] == "ro" and args[1][-1] == "quiet"
+
+
+FLEET_HOSTS = {
+    "llmtune-fleet-1": {"status": "ok", "settings": ["swap.swappiness"], "files": ["/etc/fstab"]},
+    "llmtune-fleet-2": {"status": "failed", "action": "rolled back", "failed_step": "Validate the gain",
+                        "message": "decode_tokens_per_s 3.1 | below\n  baseline 4.0"},
+    "llmtune-fleet-3": {"status": "ok"},
+    "llmtune-fleet-4": {"status": "not reached"},
+}
+
+
+def test_fleet_table_note_and_the_checks_of_the_fleet_scenario():
+    text = render_template_file("roles/fleet_report/templates/fleet.md.j2",
+                                __fleet_report={"started": "2026-01-05T10:00:00Z", "hosts": FLEET_HOSTS})
+    row = [line for line in text.splitlines() if line.startswith("| llmtune-fleet-2 ")][0]
+    # white space runs (the newline too) become one space, a pipe is escaped for markdown
+    assert row.endswith("| rolled back; Validate the gain: decode_tokens_per_s 3.1 \\| below baseline 4.0 |")
+    that = task("molecule/fleet/verify.yml", "Check the table has one row per node with its status")
+    for check in that["ansible.builtin.assert"]["that"]:
+        assert condition(check, __md=text), check
+    assert not condition(that["ansible.builtin.assert"]["that"][0], __md=text.replace("| ok |", "| failed |"))
+
+
+# --- molecule and the VM checks ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("engine, model, context", [
+    ("llama_cpp", "qwen3-test-tiny", 2048),
+    ("transformers", "/var/lib/llm-inference/models/qwen3-0.6b-proxy", None)])
+def test_verify_api_reads_execstart(engine, model, context):
+    tsk = task("molecule/default/verify_api.yml", "Take the engine and served model from ExecStart")
+    execstart = read(JINJA, "execstart-" + engine).strip()
+    variables = {"__exec": execstart, "__llama": engine == "llama_cpp"}
+    facts = tsk["ansible.builtin.set_fact"]
+    assert render(facts["verify_api_model"], **variables) == model
+    assert render(facts["verify_api_context"], **variables) == context
+
+
+def test_verify_api_reads_the_proxy_key():
+    key = "s3cr3t-Token_with.chars~+/=="
+    conf = render_template_file("roles/inference_proxy/templates/key.conf.j2", inference_proxy_api_key=key,
+                                inference_proxy_name="llm-inference", ansible_managed="Ansible managed")
+    tsk = task("molecule/default/verify_api.yml", "Keep the key for the requests below")
+    content = base64.b64encode(conf.encode()).decode()
+    assert render(tsk["ansible.builtin.set_fact"]["verify_api_key"], verify_api_key_file={"content": content}) == key
+
+
+def test_verify_tuning_finds_no_active_swap_line():
+    tsk = task("molecule/default/verify_tuning.yml", "Check the persistent files")
+    check = [c for c in tsk["ansible.builtin.assert"]["that"] if "regex_search" in c][0]
+    tuned = "UUID=3f5a / ext4 errors=remount-ro 0 1\n#llmtune# /swapfile none swap sw 0 0\n"
+    assert condition(check, __f={"/etc/fstab": tuned})
+    assert not condition(check, __f={"/etc/fstab": tuned.replace("#llmtune# ", "")})
+    assert not condition(check, __f={"/etc/fstab": "UUID=3f5a / ext4 defaults 0 1\n/swapfile\tnone\tswap\tsw\t0\t0\n"})
+
+
+def test_vm_checks_parse_grep_output():
+    play = task("tests/vm/checks.yml", "Check the settings in force on the VM")
+    lines = read(JINJA, "vm-grep-tuned").splitlines()
+    split = task("tests/vm/checks.yml", "Split the output by file")["ansible.builtin.set_fact"]["vm_checks_text"]
+    files = render(split, vm_checks_grep={"stdout_lines": lines})
+    assert files["/etc/fstab"] == ("UUID=3f5a8c2e-7d41-4b9a-a6f3-0c2d9e8b1a47 / ext4 errors=remount-ro 0 1\n"
+                                   "#llmtune# /swapfile none swap sw 0 0")
+    variables = {name: trust_as_template(value) if isinstance(value, str) else value
+                 for name, value in play["vars"].items()}
+    variables.update(vm_checks_text=files, ansible_facts={"services": {}}, vm_checks_answer={})
+    parse = task("tests/vm/checks.yml", "Parse the observed values")["ansible.builtin.set_fact"]["vm_checks_observed"]
+    observed = render(parse, **variables)
+    assert observed["THP enabled"] == "always" and observed["THP defrag"] == "madvise"
+    assert observed["cmdline processor.max_cstate"] == "processor.max_cstate=1"
+    assert observed["cmdline intel_idle.max_cstate"] == "absent"
+    assert observed["swap lines in fstab"] == "none" and observed["swap areas in use"] == "none"
+    assert observed["vm.swappiness"] == "1"

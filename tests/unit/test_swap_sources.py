@@ -1,0 +1,179 @@
+"""What brings swap back at boot: systemctl, dphys-swapfile and zram-generator parsers, and the swap_sources module.
+
+systemctl output comes from tests/fixtures/tuning/systemctl (see the README there); the module runs a stand-in
+systemctl that prints it, on the sysroot trees raspios-dphys and debian12-zram.
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+
+import pytest
+from conftest import FIXTURES, ROOT
+
+from ansible.module_utils.llmtune_swap import (parse_shell_assignments, parse_systemctl_show, parse_systemctl_units,
+                                               zram_config_devices)
+from ansible.module_utils.testing import patch_module_args
+
+TUNING = os.path.join(FIXTURES, "tuning")
+SYSTEMCTL = os.path.join(TUNING, "systemctl")
+
+_SPEC = importlib.util.spec_from_file_location(
+    "swap_sources", os.path.join(ROOT, "roles", "swap", "library", "swap_sources.py"))
+swap_sources = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(swap_sources)
+
+
+def read(*parts):
+    with open(os.path.join(*parts), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def test_gpt_auto_swap_unit_is_found():
+    # issue 17 input 2: the Jinja regex of the folded YAML block found nothing in this line
+    assert parse_systemctl_units(read(SYSTEMCTL, "gpt-auto.list-units")) == [
+        {"unit": "dev-sda3.swap", "load": "loaded", "active": "active", "sub": "active",
+         "description": "Swap Partition"}]
+
+
+def test_padded_listing_with_zram_and_an_inactive_unit():
+    units = parse_systemctl_units(read(SYSTEMCTL, "debian12-zram.list-units"))
+    assert [u["unit"] for u in units] == [
+        "dev-disk-by\\x2did-ata\\x2dQEMU_HARDDISK_QM00001\\x2dpart3.swap",
+        "dev-disk-by\\x2dpartuuid-5b2d7f1e\\x2d03.swap",
+        "dev-disk-by\\x2duuid-0b1c2d3e\\x2d4f50\\x2d6172\\x2d8394\\x2da5b6c7d8e9f0.swap",
+        "dev-disk-by\\x2duuid-7d0f4b7e\\x2d2a71\\x2d4c4b\\x2d9b0e\\x2d3f1c6e2a9d40.swap",
+        "dev-sda3.swap",
+        "dev-zram0.swap",
+    ]
+    assert units[3]["active"] == "inactive" and units[3]["sub"] == "dead"
+    assert units[5] == {"unit": "dev-zram0.swap", "load": "loaded", "active": "active", "sub": "active",
+                        "description": "Compressed Swap on /dev/zram0"}
+
+
+def test_failed_unit_bullet_and_blank_lines():
+    text = "\n\u25cf swapfile.swap loaded failed failed /swapfile\nvar-swap.swap masked inactive dead\n"
+    assert parse_systemctl_units(text) == [
+        {"unit": "swapfile.swap", "load": "loaded", "active": "failed", "sub": "failed", "description": "/swapfile"},
+        {"unit": "var-swap.swap", "load": "masked", "active": "inactive", "sub": "dead", "description": ""}]
+
+
+def test_only_services_enabled_or_active_are_returned():
+    show = ("Id=dphys-swapfile.service\nLoadState=loaded\nActiveState=inactive\nSubState=dead\n"
+            "UnitFileState=disabled\n\n"
+            "Id=zramswap.service\nLoadState=loaded\nActiveState=inactive\nSubState=dead\nUnitFileState=enabled\n\n"
+            "Id=zram-config.service\nLoadState=masked\nActiveState=inactive\nSubState=dead\nUnitFileState=masked\n")
+    assert swap_sources.service_facts(parse_systemctl_show(show)) == [
+        {"name": "zramswap.service", "active": "inactive", "sub": "dead", "unit_file_state": "enabled",
+         "original": "stopped enabled", "disable": True}]
+
+
+def test_systemctl_show_blocks():
+    blocks = parse_systemctl_show(read(SYSTEMCTL, "debian12-zram.show"))
+    assert [b["Id"] for b in blocks] == ["zramswap.service", "zram-config.service", "dphys-swapfile.service",
+                                         "systemd-zram-setup@zram0.service"]
+    assert blocks[0]["UnitFileState"] == ""
+    assert blocks[3] == {"Id": "systemd-zram-setup@zram0.service", "LoadState": "loaded", "ActiveState": "active",
+                         "SubState": "exited", "UnitFileState": "static"}
+
+
+def test_dphys_swapfile_config_as_sh_sources_it():
+    assert parse_shell_assignments(read(TUNING, "raspios-dphys", "etc", "dphys-swapfile")) == {"CONF_SWAPSIZE": "100"}
+    text = 'CONF_SWAPSIZE=100\nCONF_SWAPFILE="/srv/swap file"  # moved\nCONF_SWAPSIZE=2048\n. /etc/other\n'
+    assert parse_shell_assignments(text) == {"CONF_SWAPSIZE": "2048", "CONF_SWAPFILE": "/srv/swap file"}
+    with pytest.raises(ValueError):
+        parse_shell_assignments('CONF_SWAPFILE="/var/swap\n')
+
+
+def test_zram_generator_devices():
+    assert zram_config_devices(read(TUNING, "debian12-zram", "etc", "systemd", "zram-generator.conf")) == ["zram0"]
+    text = "[zram0]\nzram-size = min(ram, 8192)\n\n[ zram1 ]\n# [zram2]\n[zram-x]\n[global]\n[zram0]\n"
+    assert zram_config_devices(text) == ["zram0", "zram1"]
+
+
+@pytest.fixture(name="run_sources")
+def fixture_run_sources(tmp_path, monkeypatch, capsys):
+    """Run swap_sources on a copy of a fixture tree, with a systemctl that prints the host's fixture output."""
+    def run(tree, args=None, systemctl_rc=0):
+        root = tmp_path / tree
+        shutil.copytree(os.path.join(TUNING, tree), root, dirs_exist_ok=True)  # a test may add files first
+        bindir = tmp_path / "bin"
+        bindir.mkdir(exist_ok=True)
+        fake = bindir / "systemctl"
+        fake.write_text('#!/bin/sh\necho "$@" >> "%s"\n[ %d = 0 ] || { echo "System has not been booted with '
+                        'systemd" >&2; exit 1; }\ncase "$1" in\n  list-units) cat "%s" ;;\n  show) cat "%s" ;;\nesac\n'
+                        % (tmp_path / "systemctl.log", systemctl_rc, os.path.join(SYSTEMCTL, tree + ".list-units"),
+                           os.path.join(SYSTEMCTL, tree + ".show")))
+        fake.chmod(0o755)
+        monkeypatch.setenv("PATH", "%s:%s" % (bindir, os.environ["PATH"]))
+        with patch_module_args(dict(args or {}, sysroot=str(root))):
+            with pytest.raises(SystemExit):
+                swap_sources.main()
+        result = json.loads(capsys.readouterr().out)
+        calls = (tmp_path / "systemctl.log").read_text().splitlines()
+        return root, result, calls
+    return run
+
+
+def test_raspios_dphys_swapfile(run_sources, tmp_path):
+    # dphys-swapfile's 100 MiB /var/swap, sparse: only its size matters
+    (tmp_path / "raspios-dphys" / "var").mkdir(parents=True)
+    with open(tmp_path / "raspios-dphys" / "var" / "swap", "wb") as handle:
+        handle.truncate(100 * 1048576)
+    _root, result, calls = run_sources("raspios-dphys")
+    assert result["changed"] is False and result["systemd"] is True
+    assert calls[0] == "list-units --type=swap --all --plain --no-legend --no-pager"
+    assert calls[1] == ("show --property=Id,LoadState,ActiveState,SubState,UnitFileState --no-pager "
+                        "zramswap.service zram-config.service dphys-swapfile.service")
+    assert [u["unit"] for u in result["units"]] == ["var-swap.swap"]
+    assert result["services"] == [{"name": "dphys-swapfile.service", "active": "active", "sub": "exited",
+                                   "unit_file_state": "enabled", "original": "running enabled", "disable": True}]
+    assert result["dphys_swapfile"] == {"config": "/etc/dphys-swapfile", "swapsize": "100", "swapfile": "/var/swap",
+                                        "swapfile_bytes": 104857600}
+    assert result["zram_generator"] == {"installed": False, "config_files": [], "devices": []}
+
+
+def test_debian12_zram_generator(run_sources):
+    _root, result, calls = run_sources("debian12-zram")
+    # the active zram device's setup service is asked for too
+    assert calls[1].endswith("dphys-swapfile.service systemd-zram-setup@zram0.service")
+    assert len(result["units"]) == 6
+    assert result["services"] == [{"name": "systemd-zram-setup@zram0.service", "active": "active", "sub": "exited",
+                                   "unit_file_state": "static", "original": "running static", "disable": False}]
+    assert result["dphys_swapfile"] is None
+    assert result["zram_generator"] == {"installed": True, "config_files": ["/etc/systemd/zram-generator.conf"],
+                                        "devices": ["zram0"]}
+
+
+def test_zram_generator_drop_ins_are_read(tmp_path):
+    root = tmp_path / "root"
+    shutil.copytree(os.path.join(TUNING, "debian12-zram"), root)
+    dropins = root / "usr" / "lib" / "systemd" / "zram-generator.conf.d"
+    dropins.mkdir(parents=True)
+    (dropins / "50-writeback.conf").write_text("[zram1]\nzram-size = ram / 4\n")
+    (dropins / "README").write_text("[zram7]\n")  # not *.conf: zram-generator skips it
+    assert swap_sources.zram_generator_facts(str(root)) == {
+        "installed": True,
+        "config_files": ["/etc/systemd/zram-generator.conf",
+                         "/usr/lib/systemd/zram-generator.conf.d/50-writeback.conf"],
+        "devices": ["zram0", "zram1"]}
+
+
+def test_without_systemd(run_sources):
+    _root, result, calls = run_sources("debian12-zram", systemctl_rc=1)
+    assert calls == ["list-units --type=swap --all --plain --no-legend --no-pager"]
+    assert result["systemd"] is False and result["units"] == [] and result["services"] == []
+    assert result["zram_generator"]["installed"] is True
+
+
+def test_dphys_config_sh_cannot_source(tmp_path, capsys):
+    bad = tmp_path / "etc" / "dphys-swapfile"
+    bad.parent.mkdir()
+    bad.write_text('CONF_SWAPFILE="/var/swap\n')
+    with patch_module_args({"sysroot": str(tmp_path)}):
+        with pytest.raises(SystemExit):
+            swap_sources.main()
+    result = json.loads(capsys.readouterr().out)
+    assert result["failed"] is True
+    assert result["msg"] == "/etc/dphys-swapfile: No closing quotation (sh could not source it either)"
