@@ -59,7 +59,7 @@ fi
 
 # Unit tests beside the linters: each keeps one CPU busy.
 pytest_log=$LLMTUNE_CACHE/pytest.log
-python -m pytest tests/unit -q >"$pytest_log" 2>&1 &
+python -m pytest tests/unit -q -m "not crosscheck" >"$pytest_log" 2>&1 &
 pytest_pid=$!
 step "yamllint (beside: unit tests, VM image build)"; yamllint -s .
 step "ansible-lint (beside: unit tests, VM image build)"; ansible-lint --profile production
@@ -70,6 +70,9 @@ done
 step "waiting for the unit tests"
 wait "$pytest_pid" || { cat "$pytest_log"; exit 1; }
 tail -1 "$pytest_log"
+# Alone: the benchmark against guidellm on one service, both timing the same requests on a quiet machine.
+step "benchmark cross-check with guidellm (unit test)"
+python -m pytest tests/unit -q -m crosscheck
 if $quick; then
   step "molecule default"; molecule test -s default
   exit 0

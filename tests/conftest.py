@@ -13,6 +13,7 @@ FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 
 
 # --- proxy model + real inference service (tests/unit/test_proxy_model.py, test_inference_benchmark.py) ---
+import contextlib  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
@@ -55,16 +56,15 @@ def tiny_proxy_dir(tmp_path_factory):
     return out
 
 
-@pytest.fixture(scope="session")
-def inference_server(tiny_proxy_dir, tmp_path_factory):
-    """The real `transformers serve` with the tiny proxy preloaded on 127.0.0.1; yields its base URL."""
+@contextlib.contextmanager
+def serve(model_dir, log_dir, threads):
+    """The real `transformers serve` with MODEL_DIR preloaded on 127.0.0.1 and THREADS torch threads; yields its
+    base URL and ends it afterwards."""
     port = free_port()
-    log_path = tmp_path_factory.mktemp("serve") / "serve.log"
-    cmd = [os.path.join(VENV_BIN, "transformers"), "serve", str(tiny_proxy_dir), "--device", "cpu",
+    log_path = log_dir / "serve.log"
+    cmd = [os.path.join(VENV_BIN, "transformers"), "serve", str(model_dir), "--device", "cpu",
            "--host", "127.0.0.1", "--port", str(port)]
-    # One torch thread: on a 2-core machine shared with the test client, OpenMP spin-waiting threads
-    # would make timings swing far more than the benchmark's own error.
-    env = dict(PROXY_ENV, OMP_NUM_THREADS="1")
+    env = dict(PROXY_ENV, OMP_NUM_THREADS=str(threads))
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -90,7 +90,20 @@ def inference_server(tiny_proxy_dir, tmp_path_factory):
             proc.wait()
 
 
-TORCH_TEST_FILES = ("test_proxy_model.py", "test_inference_benchmark.py")
+@pytest.fixture(scope="session")
+def inference_server(tiny_proxy_dir, tmp_path_factory):
+    """The tiny proxy served; yields its base URL."""
+    # One torch thread: on a 2-core machine shared with the test client, OpenMP spin-waiting threads
+    # would make timings swing far more than the benchmark's own error.
+    with serve(tiny_proxy_dir, tmp_path_factory.mktemp("serve"), threads=1) as url:
+        yield url
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "crosscheck: compares the benchmark with another tool; needs a quiet machine")
+
+
+TORCH_TEST_FILES = ("test_proxy_model.py", "test_inference_benchmark.py", "test_benchmark_crosscheck.py")
 
 
 def pytest_collect_file(file_path, parent):

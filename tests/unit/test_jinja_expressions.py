@@ -286,14 +286,17 @@ def test_autotune_peak_rss_from_proc_status():
                "e2e_ms_p50": 700.0, "output_tokens_per_s": 48.0}
     variables = {
         "__autotune_rows": [], "__autotune_row": {"engine": "llama_cpp"}, "__s": summary, "autotune_output_tokens": 32,
-        "__autotune_bench": {"levels": [{"prompt_tokens_mean": 128, "output_tokens": 64, "requests": 2}],
-                             "roofline": {"percent": 40}, "host_load": {"loadavg_before": [0.1, 0.1, 0.1]}},
+        "__autotune_bench": {"levels": [{"prompt_tokens_mean": 128, "output_tokens": 64, "requests": 2,
+                                         "cpu": {"other": 0.02}, "prompt_tokens_cached_mean": None}],
+                             "noisy": False, "roofline": {"percent": 40},
+                             "host_load": {"loadavg_before": [0.1, 0.1, 0.1]}},
         "__autotune_roofline": {"bandwidth_gb_s": 10.0, "decode_upper_bound_tokens_per_s": 120.0},
         "__autotune_status": {"content": base64.b64encode(status.encode()).decode()},
     }
     rows = render(tsk["ansible.builtin.set_fact"]["__autotune_rows"], **variables)
     vmhwm_kb = int([line for line in status.splitlines() if line.startswith("VmHWM:")][0].split()[1])
     assert rows[0]["rss_mb"] == round(vmhwm_kb / 1024)
+    assert (rows[0]["noisy"], rows[0]["other_cpus"]) == (False, 0.02)
 
 
 def test_grub_bls_args_from_grubby():
