@@ -22,7 +22,8 @@ PROMPT_TOKENS, OUTPUT_TOKENS, REQUESTS = 128, 32, 8
 
 @pytest.fixture(scope="module")
 def proxy_server(proxy_model_dir, tmp_path_factory):
-    with serve(proxy_model_dir, tmp_path_factory.mktemp("serve-2l"), threads=2) as url:
+    # One engine thread: the other CPU is left to the two clients (guidellm runs several processes).
+    with serve(proxy_model_dir, tmp_path_factory.mktemp("serve-2l"), threads=1) as url:
         yield url
 
 
