@@ -12,6 +12,22 @@ sys.path.insert(0, os.path.join(ROOT, "library"))
 FIXTURES = os.path.join(ROOT, "tests", "fixtures")
 
 
+def role_module(role, name):
+    """Import roles/ROLE/library/NAME.py (a role's own module, which Ansible finds beside the role)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "roles", role, "library", name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def read(*parts):
+    """Text of the file at os.path.join(*PARTS)."""
+    with open(os.path.join(*parts), encoding="utf-8") as handle:
+        return handle.read()
+
+
 # --- proxy model + real inference service (tests/unit/test_proxy_model.py, test_inference_benchmark.py) ---
 import contextlib  # noqa: E402
 import socket  # noqa: E402

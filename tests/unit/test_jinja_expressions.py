@@ -11,12 +11,11 @@ template files, as the template action does.
 
 import base64
 import contextlib
-import importlib.util
 import os
 import warnings
 
 import pytest
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, read, role_module
 
 from ansible.errors import AnsibleValueOmittedError
 from ansible.module_utils import _internal as module_utils_internal
@@ -31,15 +30,7 @@ module_utils_internal.is_controller = False
 JINJA = os.path.join(FIXTURES, "jinja")
 TUNING = os.path.join(FIXTURES, "tuning")
 
-_SPEC = importlib.util.spec_from_file_location(
-    "swap_sources", os.path.join(ROOT, "roles", "swap", "library", "swap_sources.py"))
-swap_sources = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(swap_sources)
-
-
-def read(*parts):
-    with open(os.path.join(*parts), encoding="utf-8") as handle:
-        return handle.read()
+swap_sources = role_module("swap", "swap_sources")
 
 
 def load(relpath):

@@ -1,14 +1,13 @@
 """/proc/swaps and /proc/meminfo parsers, and the swap_off module's refusal and fstab edit, on fixture trees."""
 
 import errno
-import importlib.util
 import json
 import os
 import shutil
 import time
 
 import pytest
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, role_module
 
 from ansible.module_utils.llmtune_sysfs import parse_meminfo, parse_proc_swaps, read_text
 from ansible.module_utils.testing import patch_module_args
@@ -16,9 +15,7 @@ from ansible.module_utils.testing import patch_module_args
 TUNING = os.path.join(FIXTURES, "tuning")
 
 # swap_off ships inside the swap role (roles/swap/library), not library/.
-_SPEC = importlib.util.spec_from_file_location("swap_off", os.path.join(ROOT, "roles", "swap", "library", "swap_off.py"))
-swap_off = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(swap_off)
+swap_off = role_module("swap", "swap_off")
 
 
 def test_proc_swaps_file_and_zram():

@@ -4,13 +4,12 @@ systemctl output comes from tests/fixtures/tuning/systemctl (see the README ther
 systemctl that prints it, on the sysroot trees raspios-dphys and debian12-zram.
 """
 
-import importlib.util
 import json
 import os
 import shutil
 
 import pytest
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, read, role_module
 
 from ansible.module_utils.llmtune_swap import (parse_shell_assignments, parse_systemctl_show, parse_systemctl_units,
                                                zram_config_devices)
@@ -19,15 +18,7 @@ from ansible.module_utils.testing import patch_module_args
 TUNING = os.path.join(FIXTURES, "tuning")
 SYSTEMCTL = os.path.join(TUNING, "systemctl")
 
-_SPEC = importlib.util.spec_from_file_location(
-    "swap_sources", os.path.join(ROOT, "roles", "swap", "library", "swap_sources.py"))
-swap_sources = importlib.util.module_from_spec(_SPEC)
-_SPEC.loader.exec_module(swap_sources)
-
-
-def read(*parts):
-    with open(os.path.join(*parts), encoding="utf-8") as handle:
-        return handle.read()
+swap_sources = role_module("swap", "swap_sources")
 
 
 def test_gpt_auto_swap_unit_is_found():
