@@ -36,6 +36,17 @@ options:
       - Fails with a message if C(<sysroot>/sys/devices/system/cpu) does not exist.
     type: path
     default: /
+  use_isolated:
+    description:
+      - CPUs the kernel was told to keep for dedicated work (C(isolated), from C(isolcpus=), and C(nohz_full))
+        are left out of the recommendation by default, with the reason.
+      - With C(true) the recommendation runs the service on those CPUs instead, one CPU per physical core all of
+        whose online CPUs are isolated or nohz_full (a core shared with a housekeeping CPU is left out), within the
+        online CPUs and the cgroup cpuset. The process affinity is not applied to them, because isolcpus gives every
+        process the housekeeping CPUs as affinity; the service's C(CPUAffinity=) replaces it.
+      - When no usable CPU is isolated or nohz_full, the default choice is made and the reason says so.
+    type: bool
+    default: false
 notes:
   - Supports check mode; it never changes anything (C(changed=false)).
   - Missing optional kernel interfaces (cpufreq, cpuidle, NUMA, THP, cgroup files) give
@@ -69,6 +80,10 @@ EXAMPLES = r"""
 - name: Read a snapshot captured on another host with tests/fixtures/topology/capture.sh
   cpu_topology:
     sysroot: /srv/snapshots/db01
+
+- name: Run the inference service on the CPUs booted with isolcpus= / nohz_full=
+  cpu_topology:
+    use_isolated: true
 
 - name: Show the recommendation
   ansible.builtin.debug:
@@ -132,6 +147,20 @@ ansible_facts:
           type: list
           elements: int
           sample: [0, 1, 2, 3]
+        isolated_cpus:
+          description: CPUs isolated from the scheduler's load balancing by C(isolcpus=) (C(sys/devices/system/cpu/isolated),
+            Documentation/ABI/testing/sysfs-devices-system-cpu, admin-guide/kernel-parameters C(isolcpus)); empty when none
+            or when the file is absent.
+          type: list
+          elements: int
+          sample: [2, 3, 4, 5]
+        nohz_full_cpus:
+          description: CPUs in adaptive-tick mode (C(sys/devices/system/cpu/nohz_full), boot parameter C(nohz_full=));
+            empty when none, when the kernel has no C(CONFIG_NO_HZ_FULL) (no file) or prints C((null)) (built with it,
+            booted without it).
+          type: list
+          elements: int
+          sample: [2, 3, 4, 5]
         hybrid:
           description: True when the CPU mixes performance and efficiency cores (Intel C(sys/devices/cpu_core)
             and C(sys/devices/cpu_atom) PMUs, or unequal C(cpu_capacity) on Arm).
@@ -354,7 +383,8 @@ ansible_facts:
           description: What an inference service should use. One CPU (the lowest-numbered usable SMT sibling)
             per usable physical core; efficiency cores are left out when performance cores are usable. With
             several NUMA nodes the overall choice is the node with the most such cores (lowest id on a tie),
-            so that weights and KV cache stay in local memory.
+            so that weights and KV cache stay in local memory. Isolated and nohz_full CPUs are left out, or with
+            O(use_isolated) the only ones used (see there).
           type: dict
           contains:
             cpus:
@@ -371,8 +401,16 @@ ansible_facts:
               description: NUMA node to bind memory to, null when the kernel exposes no NUMA nodes.
               type: int
             reason:
-              description: One-line explanation.
+              description: One-line explanation, naming the isolated and nohz_full CPUs and what was done with them.
               type: str
+            on_isolated:
+              description: True when C(cpus) are isolated or nohz_full CPUs (O(use_isolated) and some were usable).
+              type: bool
+            bind_threads:
+              description: True when C(cpus) holds more than one isolated CPU. The scheduler does not balance tasks
+                between isolated CPUs (admin-guide/kernel-parameters C(isolcpus)), so threads started under a
+                multi-CPU affinity stay where they start; the engine must bind each thread to one CPU.
+              type: bool
             per_node:
               description: The same choice for each NUMA node that has usable CPUs.
               type: list
@@ -399,7 +437,8 @@ import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmtune_sysfs import (
-    parse_bracketed, parse_cpu_list, parse_meminfo, parse_proc_swaps, read_cpuidle_states, read_text, sysroot_path)
+    format_cpu_list, parse_bracketed, parse_cpu_list, parse_meminfo, parse_proc_swaps, read_cpuidle_states, read_text,
+    sysroot_path)
 
 CPU_DIR = "/sys/devices/system/cpu"
 NODE_DIR = "/sys/devices/system/node"
@@ -810,14 +849,74 @@ def plural(count, noun):
     return "%d %s%s" % (count, noun, "" if count == 1 else "s")
 
 
-def recommend(cores, usable, quota):
+def read_isolation(sysroot):
+    """Return ``{"isolated": [...], "nohz_full": [...]}``: CPUs set aside at boot (lists of int, [] when none).
+
+    ``sys/devices/system/cpu/isolated`` lists the CPUs ``isolcpus=`` removed from scheduler load balancing;
+    ``nohz_full`` the adaptive-tick CPUs of ``nohz_full=`` (Documentation/ABI/testing/sysfs-devices-system-cpu,
+    Documentation/admin-guide/kernel-parameters.txt). A file is absent without the kernel feature
+    (nohz_full needs CONFIG_NO_HZ_FULL) and holds an empty line when nothing was given at boot; nohz_full
+    reads ``(null)`` on kernels that allocate its mask only when the parameter is given.
+    """
+    lists = {}
+    for name in ("isolated", "nohz_full"):
+        text = read_text(sysroot, "%s/%s" % (CPU_DIR, name), "")
+        lists[name] = [] if text == "(null)" else parse_cpu_list(text)
+    return lists
+
+
+def describe_isolation(isolated, nohz_full, cpus):
+    """Return e.g. ``isolated (isolcpus=) CPUs 2-15, nohz_full CPUs 2-15``, limited to ``cpus`` (set of int)."""
+    parts = []
+    for label, listed in (("isolated (isolcpus=)", isolated), ("nohz_full", nohz_full)):
+        shown = cpus.intersection(listed)
+        if shown:
+            parts.append("%s CPUs %s" % (label, format_cpu_list(shown)))
+    return " and ".join(parts)
+
+
+def service_candidates(cores, usable, allowed, isolation, use_isolated):
+    """Return ``(cpus, on_isolated, note)``: the CPUs the recommendation picks from, and why.
+
+    ``usable`` (set) is online & affinity & cpuset, ``allowed`` (set) online & cpuset: isolcpus gives every
+    process the housekeeping CPUs as affinity, so isolated CPUs are only ever in ``allowed``. By default CPUs
+    set aside at boot (isolated or nohz_full) are left out; with ``use_isolated`` only cores whose online CPUs
+    are all set aside are used (a sibling of a housekeeping CPU shares its core with that work).
+    """
+    reserved = set(isolation["isolated"]) | set(isolation["nohz_full"])
+    seen = allowed & reserved
+    if not seen:
+        return usable, False, "use_isolated: no CPU is isolated or nohz_full" if use_isolated else None
+    described = describe_isolation(isolation["isolated"], isolation["nohz_full"], seen)
+    housekeeping = usable - reserved
+    if use_isolated:
+        whole = set()
+        for core in cores:
+            if set(core["cpus"]) <= reserved:
+                whole.update(seen.intersection(core["cpus"]))
+        if whole:
+            note = "on the %s, as asked (use_isolated)" % described
+            shared = seen - whole
+            if shared:
+                note += "; CPUs %s left out, their cores also run housekeeping CPUs" % format_cpu_list(shared)
+            return whole, True, note
+        return housekeeping or usable, not housekeeping, \
+            "use_isolated: no core is entirely isolated or nohz_full (%s), housekeeping CPUs used" % described
+    if housekeeping:
+        return housekeeping, False, "%s left out: set aside at boot for dedicated work " \
+            "(use_isolated=true runs the service there)" % described
+    return usable, True, "every usable CPU is set aside at boot (%s): used anyway" % described
+
+
+def recommend(cores, usable, allowed, quota, isolation, use_isolated):
     """Choose CPUs, thread count and NUMA node for a compute-bound inference service.
 
     One thread per physical core: SMT siblings share the core's vector units, so a second thread
     on a sibling adds contention, not throughput. Efficiency cores are left out when performance
     cores are usable, because the slowest thread sets the pace of each parallel matrix multiply.
+    CPUs set aside at boot are handled by ``service_candidates`` (arguments as there; ``quota`` in CPUs or None).
     """
-    usable = set(usable)
+    usable, on_isolated, isolation_note = service_candidates(cores, usable, allowed, isolation, use_isolated)
     picks = [(core, min(usable.intersection(core["cpus"]))) for core in cores if usable.intersection(core["cpus"])]
     performance = [pick for pick in picks if pick[0]["kind"] == "performance"]
     dropped = len(picks) - len(performance) if performance and len(performance) < len(picks) else 0
@@ -829,8 +928,8 @@ def recommend(cores, usable, quota):
     per_node = [{"numa_node": node, "cpus": sorted(cpus), "threads": cap_threads(len(cpus), quota)}
                 for node, cpus in sorted(by_node.items(), key=lambda item: (item[0] is None, item[0]))]
     if not per_node:
-        return {"cpus": [], "threads": 1, "numa_node": None, "per_node": [],
-                "reason": "no usable CPU found (online, affinity and cpuset do not intersect)"}
+        return {"cpus": [], "threads": 1, "numa_node": None, "per_node": [], "on_isolated": False,
+                "bind_threads": False, "reason": "no usable CPU found (online, affinity and cpuset do not intersect)"}
     best = max(per_node, key=lambda entry: (len(entry["cpus"]), -(entry["numa_node"] or 0)))
     reasons = ["%s among %s, one CPU per core" % (plural(len(picks) + dropped, "physical core"),
                                                   plural(len(usable), "usable CPU"))]
@@ -845,12 +944,22 @@ def recommend(cores, usable, quota):
         reasons.append("memory bound to NUMA node %d" % best["numa_node"])
     if quota is not None and best["threads"] < len(best["cpus"]):
         reasons.append("threads capped at %d by the cgroup CPU quota of %g CPUs" % (best["threads"], quota))
+    bind_threads = on_isolated and len(set(best["cpus"]).intersection(isolation["isolated"])) > 1
+    if isolation_note:
+        reasons.append(isolation_note)
+    if bind_threads:
+        reasons.append("the scheduler does not balance threads between isolated CPUs: bind each engine thread "
+                       "to one CPU")
     return {"cpus": best["cpus"], "threads": best["threads"], "numa_node": best["numa_node"],
-            "reason": "; ".join(reasons), "per_node": per_node}
+            "reason": "; ".join(reasons), "per_node": per_node, "on_isolated": on_isolated,
+            "bind_threads": bind_threads}
 
 
-def gather(sysroot="/"):
-    """Return the ``cpu_topology`` facts of ``sysroot`` (str). Raises TopologyError for a non-sysfs tree."""
+def gather(sysroot="/", use_isolated=False):
+    """Return the ``cpu_topology`` facts of ``sysroot`` (str); ``use_isolated`` (bool) as the module option.
+
+    Raises TopologyError for a non-sysfs tree.
+    """
     if not os.path.isdir(sysroot_path(sysroot, CPU_DIR)):
         raise TopologyError("sysroot %s has no sys/devices/system/cpu: not a Linux sysfs tree "
                             "(capture one with tests/fixtures/topology/capture.sh)" % sysroot)
@@ -866,10 +975,9 @@ def gather(sysroot="/"):
     cores = read_cores(sysroot, online, cpu_node, kinds)
     cgroup = read_cgroup(sysroot)
     affinity = read_affinity(sysroot, live)
-    usable = set(online)
-    for limit in (affinity, cgroup["cpuset"]):
-        if limit is not None:
-            usable &= set(limit)
+    allowed = set(online) if cgroup["cpuset"] is None else set(online) & set(cgroup["cpuset"])
+    usable = allowed if affinity is None else allowed & set(affinity)
+    isolation = read_isolation(sysroot)
     return {
         "sysroot": sysroot,
         "architecture": cpuinfo["architecture"],
@@ -880,6 +988,8 @@ def gather(sysroot="/"):
         "logical_cpus": len(present),
         "threads_per_core": max(len(core["cpus"]) for core in cores),
         "online_cpus": online,
+        "isolated_cpus": isolation["isolated"],
+        "nohz_full_cpus": isolation["nohz_full"],
         "hybrid": bool(kinds),
         "cores": cores,
         "numa_nodes": numa_nodes,
@@ -896,15 +1006,17 @@ def gather(sysroot="/"):
         "affinity": affinity,
         "usable_cpus": sorted(usable),
         "numa_policy_permitted": probe_numa_policy(cpuinfo["architecture"]) if live else None,
-        "recommended": recommend(cores, usable, cgroup["cpu_quota"]),
+        "recommended": recommend(cores, usable, allowed, cgroup["cpu_quota"], isolation, use_isolated),
     }
 
 
 def main():
     """Run the module: gather facts, never change anything."""
-    module = AnsibleModule(argument_spec={"sysroot": {"type": "path", "default": "/"}}, supports_check_mode=True)
+    module = AnsibleModule(argument_spec={"sysroot": {"type": "path", "default": "/"},
+                                          "use_isolated": {"type": "bool", "default": False}},
+                           supports_check_mode=True)
     try:
-        facts = gather(module.params["sysroot"])
+        facts = gather(module.params["sysroot"], module.params["use_isolated"])
     except TopologyError as error:
         module.fail_json(msg=str(error))
     module.exit_json(changed=False, ansible_facts={"cpu_topology": facts})

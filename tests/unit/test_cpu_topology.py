@@ -50,9 +50,9 @@ def assert_agrees_with_lscpu(result, fields):
     assert len(result["numa_nodes"]) == int(fields["NUMA node(s)"])
 
 
-def test_all_seven_machines_have_a_tree():
-    assert ALL_TREES == ["arm-graviton3", "container-cgroup2", "epyc-1socket", "intel-hybrid", "kvm-ci-vm",
-                         "kvm-socket-per-vcpu", "xeon-2socket"]
+def test_every_machine_has_a_tree():
+    assert ALL_TREES == ["arm-graviton3", "container-cgroup2", "epyc-1socket", "epyc-isolcpus", "intel-hybrid",
+                         "kvm-ci-vm", "kvm-socket-per-vcpu", "xeon-2socket"]
 
 
 @pytest.mark.parametrize("tree", ALL_TREES)
@@ -98,7 +98,8 @@ def test_xeon_two_sockets_with_repeating_core_ids():
         "cpus": [0, 1], "threads": 2, "numa_node": 0,
         "reason": "4 physical cores among 8 usable CPUs, one CPU per core (SMT siblings left out); "
                   "NUMA node 0 chosen of 2 nodes with usable cores (most cores, lowest id on a tie), memory bound there",
-        "per_node": [{"numa_node": 0, "cpus": [0, 1], "threads": 2}, {"numa_node": 1, "cpus": [2, 3], "threads": 2}]}
+        "per_node": [{"numa_node": 0, "cpus": [0, 1], "threads": 2}, {"numa_node": 1, "cpus": [2, 3], "threads": 2}],
+        "on_isolated": False, "bind_threads": False}
 
 
 def test_epyc_one_socket_four_l3_domains():
@@ -116,7 +117,8 @@ def test_epyc_one_socket_four_l3_domains():
     assert result["recommended"] == {
         "cpus": [0, 1, 2, 3, 4, 5, 6, 7], "threads": 8, "numa_node": 0,
         "reason": "8 physical cores among 16 usable CPUs, one CPU per core (SMT siblings left out); memory bound to NUMA node 0",
-        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2, 3, 4, 5, 6, 7], "threads": 8}]}
+        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2, 3, 4, 5, 6, 7], "threads": 8}],
+        "on_isolated": False, "bind_threads": False}
 
 
 def test_intel_hybrid_leaves_efficiency_cores_out():
@@ -131,7 +133,71 @@ def test_intel_hybrid_leaves_efficiency_cores_out():
         "cpus": [0, 2, 4, 6, 8, 10], "threads": 6, "numa_node": 0,
         "reason": "10 physical cores among 16 usable CPUs, one CPU per core (SMT siblings left out); "
                   "4 efficiency cores left out; memory bound to NUMA node 0",
-        "per_node": [{"numa_node": 0, "cpus": [0, 2, 4, 6, 8, 10], "threads": 6}]}
+        "per_node": [{"numa_node": 0, "cpus": [0, 2, 4, 6, 8, 10], "threads": 6}],
+        "on_isolated": False, "bind_threads": False}
+
+
+def test_isolcpus_left_out_by_default_and_named():
+    # 16 CPUs booted with isolcpus=2-15 nohz_full=2-15: every process gets CPUs 0-1 as affinity.
+    result = facts("epyc-isolcpus")
+    assert result["isolated_cpus"] == result["nohz_full_cpus"] == list(range(2, 16))
+    assert result["usable_cpus"] == [0, 1]
+    assert result["recommended"] == {
+        "cpus": [0, 1], "threads": 2, "numa_node": 0,
+        "reason": "2 physical cores among 2 usable CPUs, one CPU per core; memory bound to NUMA node 0; "
+                  "isolated (isolcpus=) CPUs 2-15 and nohz_full CPUs 2-15 left out: set aside at boot for dedicated "
+                  "work (use_isolated=true runs the service there)",
+        "per_node": [{"numa_node": 0, "cpus": [0, 1], "threads": 2}],
+        "on_isolated": False, "bind_threads": False}
+
+
+def test_isolcpus_used_when_asked_one_thread_per_whole_isolated_core():
+    result = cpu_topology.gather(os.path.join(TREES, "epyc-isolcpus"), use_isolated=True)
+    # CPUs 8 and 9 are isolated but are the SMT siblings of housekeeping CPUs 0 and 1.
+    assert result["recommended"] == {
+        "cpus": [2, 3, 4, 5, 6, 7], "threads": 6, "numa_node": 0,
+        "reason": "6 physical cores among 12 usable CPUs, one CPU per core (SMT siblings left out); memory bound to "
+                  "NUMA node 0; on the isolated (isolcpus=) CPUs 2-15 and nohz_full CPUs 2-15, as asked (use_isolated); "
+                  "CPUs 8-9 left out, their cores also run housekeeping CPUs; the scheduler does not balance threads "
+                  "between isolated CPUs: bind each engine thread to one CPU",
+        "per_node": [{"numa_node": 0, "cpus": [2, 3, 4, 5, 6, 7], "threads": 6}],
+        "on_isolated": True, "bind_threads": True}
+
+
+def tree_with(tmp_path, tree, files):
+    """Copy fixture ``tree`` to tmp_path and write ``files`` ({relative path: text}) into the copy."""
+    root = tmp_path / tree
+    shutil.copytree(os.path.join(TREES, tree), root)
+    for path, text in files.items():
+        (root / path).write_text(text)
+    return str(root)
+
+
+def test_nohz_full_without_isolcpus_needs_no_thread_binding(tmp_path):
+    # tuned's cpu-partitioning style: nohz_full=2-7 and systemd CPUAffinity=0-1, no isolcpus (CPUs stay balanced).
+    root = tree_with(tmp_path, "arm-graviton3", {
+        "sys/devices/system/cpu/isolated": "\n", "sys/devices/system/cpu/nohz_full": "2-7\n",
+        "proc/self/status": "Name:\tcat\nCpus_allowed_list:\t0-1\n"})
+    default = cpu_topology.gather(root)
+    assert (default["isolated_cpus"], default["nohz_full_cpus"]) == ([], list(range(2, 8)))
+    assert (default["recommended"]["cpus"], default["recommended"]["on_isolated"]) == ([0, 1], False)
+    assert default["recommended"]["reason"].endswith(
+        "; nohz_full CPUs 2-7 left out: set aside at boot for dedicated work (use_isolated=true runs the service there)")
+    asked = cpu_topology.gather(root, use_isolated=True)["recommended"]
+    assert (asked["cpus"], asked["threads"], asked["on_isolated"], asked["bind_threads"]) == (
+        [2, 3, 4, 5, 6, 7], 6, True, False)
+
+
+def test_nohz_full_null_and_empty_isolated_mean_none(tmp_path):
+    # Kernels built with CONFIG_NO_HZ_FULL but booted without nohz_full= may print "(null)".
+    root = tree_with(tmp_path, "epyc-1socket", {
+        "sys/devices/system/cpu/isolated": "\n", "sys/devices/system/cpu/nohz_full": "(null)\n"})
+    default = cpu_topology.gather(root)
+    assert (default["isolated_cpus"], default["nohz_full_cpus"]) == ([], [])
+    assert default["recommended"] == facts("epyc-1socket")["recommended"]
+    asked = cpu_topology.gather(root, use_isolated=True)["recommended"]
+    assert asked["cpus"] == default["recommended"]["cpus"]
+    assert asked["reason"] == default["recommended"]["reason"] + "; use_isolated: no CPU is isolated or nohz_full"
 
 
 def test_arm_without_smt_or_cpuinfo_core_id():
@@ -162,7 +228,8 @@ def test_kvm_guest_with_one_socket_per_vcpu():
     assert result["recommended"] == {
         "cpus": [0, 1, 2, 3], "threads": 4, "numa_node": 0,
         "reason": "4 physical cores among 4 usable CPUs, one CPU per core; memory bound to NUMA node 0",
-        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2, 3], "threads": 4}]}
+        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2, 3], "threads": 4}],
+        "on_isolated": False, "bind_threads": False}
 
 
 def test_container_quota_and_cpuset_with_smt_siblings():
@@ -178,7 +245,8 @@ def test_container_quota_and_cpuset_with_smt_siblings():
         "cpus": [0, 1, 2], "threads": 2, "numa_node": 0,
         "reason": "3 physical cores among 4 usable CPUs, one CPU per core (SMT siblings left out); "
                   "memory bound to NUMA node 0; threads capped at 2 by the cgroup CPU quota of 2 CPUs",
-        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2], "threads": 2}]}
+        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2], "threads": 2}],
+        "on_isolated": False, "bind_threads": False}
 
 
 def test_ci_vm_without_cpufreq_and_cpuidle_driver_none():
