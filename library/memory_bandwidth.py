@@ -17,11 +17,11 @@ description:
     O(spread_percent) (spread = (slowest - fastest) / median of those passes), at most O(max_passes) passes; a
     pass reads the array as many times as fit in about 0.2 s (timed on a read after the one that pages it in);
     bandwidth = array bytes / median time of those last passes, in GB/s (10^9 bytes/s). A probe that never
-    settles returns its figure with RV(probe.stable) false and a warning.
-  - With O(bandwidth_gb_s) no probe runs: the given figure (one probe per host, taken while it was idle) bounds
+    settles returns its figure with RV(probe.stable) false and a warning. It uses torch when the environment
+    has it (multi-threaded reduction), else numpy (the array split among O(threads) Python threads; numpy
+    releases the GIL while it sums).
+  - With O(bandwidth_gb_s) no probe runs; the given figure (one probe per host, taken while it was idle) bounds
     the model's decode, so every row of a comparison is measured against the same bandwidth.
-    It uses torch when the environment has it (multi-threaded reduction), else numpy (the array split among
-    O(threads) Python threads; numpy releases the GIL while it sums).
   - With O(model_path), reads the model's weight sizes from the safetensors headers alone (8-byte
     little-endian header length, then a JSON map of tensor name to dtype, shape and data offsets; see
     U(https://huggingface.co/docs/safetensors/index)), no torch needed, and the attention shape from its
