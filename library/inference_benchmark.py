@@ -36,7 +36,7 @@ description:
   - Percentiles are Python C(statistics.quantiles) with C(n=100) and C(method="inclusive"), the linear interpolation
     between closest ranks that C(numpy.percentile) uses by default; one value is its own percentile.
   - Also records the load average (C(os.getloadavg)) before and after. On a small machine another busy
-    process lowers decode speed more than any tuning changes it (measured on 2 vCPUs: 3-4x slower decode).
+    process lowers decode speed more than any tuning changes it (measured on 2 vCPUs, 3-4x slower decode).
   - Never changes the host, so C(changed) is always false, also when O(report_path) is written (the report
     is an output of the measurement, not managed state). In check mode no request is sent and the result
     is RV(skipped).

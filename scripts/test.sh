@@ -64,8 +64,8 @@ pytest_pid=$!
 step "yamllint (beside: unit tests, VM image build)"; yamllint -s .
 step "ansible-lint (beside: unit tests, VM image build)"; ansible-lint --profile production
 step "ansible-doc (beside: unit tests, VM image build)"
-for module in library/*.py; do
-  ansible-doc -M library "$(basename "$module" .py)" >/dev/null
+for module in library/*.py roles/*/library/*.py; do
+  ansible-doc -M "$(dirname "$module")" "$(basename "$module" .py)" >/dev/null
 done
 step "waiting for the unit tests"
 wait "$pytest_pid" || { cat "$pytest_log"; exit 1; }
