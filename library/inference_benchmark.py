@@ -125,7 +125,7 @@ options:
   engine_pid:
     description:
       - PID of the engine process (for example the C(MainPID) of its systemd unit), to tell its CPU time from
-        other processes'. 0 when unknown: the CPU time of the engine then counts as other processes' during
+        other processes'. 0 when unknown; the CPU time of the engine then counts as other processes' during
         the levels (the wait before the first request is still meaningful).
     type: int
     default: 0
