@@ -72,7 +72,7 @@ wait "$pytest_pid" || { cat "$pytest_log"; exit 1; }
 tail -1 "$pytest_log"
 # Alone: the benchmark against guidellm on one service, both timing the same requests on a quiet machine.
 step "benchmark cross-check with guidellm (unit test)"
-python -m pytest tests/unit -q -m crosscheck
+python -m pytest tests/unit -q -s -m crosscheck
 if $quick; then
   step "molecule default"; molecule test -s default
   exit 0

@@ -58,6 +58,8 @@ def test_ttft_and_tpot_agree_with_guidellm(proxy_server, proxy_model_dir, tmp_pa
         ours["levels"][0]["prompt_tokens_mean"], abs=1)
     ttft = metrics["time_to_first_output_token_ms"]["successful"]["median"]
     tpot = metrics["inter_token_latency_ms"]["successful"]["median"]  # guidellm: (e2e - TTFT) / (tokens - 1)
-    figures = f"ours TTFT {ours['summary']['ttft_ms_p50']} TPOT {ours['summary']['tpot_ms_p50']}; guidellm {ttft} {tpot}"
+    figures = (f"TTFT p50 ms: inference_benchmark {ours['summary']['ttft_ms_p50']}, guidellm {round(ttft, 3)}; "
+               f"TPOT p50 ms: inference_benchmark {ours['summary']['tpot_ms_p50']}, guidellm {round(tpot, 3)}")
+    print("\ncross-check", figures)
     assert ours["summary"]["ttft_ms_p50"] == pytest.approx(ttft, rel=0.10), figures
     assert ours["summary"]["tpot_ms_p50"] == pytest.approx(tpot, rel=0.10), figures
