@@ -22,6 +22,15 @@ def role_module(role, name):
     return module
 
 
+def copy_tree(tmp_path, group, name):
+    """Copy fixture tree tests/fixtures/GROUP/NAME to TMP_PATH/NAME (a sysroot the test may change); its root."""
+    import shutil
+
+    root = tmp_path / name
+    shutil.copytree(os.path.join(FIXTURES, group, name), root)
+    return root
+
+
 def read(*parts):
     """Text of the file at os.path.join(*PARTS)."""
     with open(os.path.join(*parts), encoding="utf-8") as handle:

@@ -4,10 +4,10 @@ The fixture trees under tests/fixtures/grub/<host>/ are laid out as on the host 
 etc/default/grub.d/*.cfg, proc/cmdline); each test edits a copy in tmp_path.
 """
 
+import functools
 import json
-import re
 import os
-import shutil
+import re
 import subprocess
 
 import pytest
@@ -18,7 +18,7 @@ from ansible.module_utils.common import warnings
 from ansible.module_utils.testing import patch_module_args
 
 import kernel_cmdline
-from conftest import FIXTURES
+from conftest import copy_tree
 
 TUNING = {"intel_idle.max_cstate": 1, "processor.max_cstate": 1, "transparent_hugepage": "madvise"}
 
@@ -26,11 +26,7 @@ TUNING = {"intel_idle.max_cstate": 1, "processor.max_cstate": 1, "transparent_hu
 @pytest.fixture
 def host(tmp_path):
     """Return a function copying fixture tree NAME to tmp_path and returning its root."""
-    def copy(name):
-        root = tmp_path / name
-        shutil.copytree(os.path.join(FIXTURES, "grub", name), root)
-        return root
-    return copy
+    return functools.partial(copy_tree, tmp_path, "grub")
 
 
 def run(capsys, root, check=False, **args):

@@ -1,5 +1,6 @@
 """tuning_drift module: wanted tuning against fixture sysroots laid out like real machines."""
 
+import functools
 import json
 import os
 import shutil
@@ -7,7 +8,7 @@ import shutil
 import kernel_cmdline
 import pytest
 import tuning_drift
-from conftest import FIXTURES
+from conftest import FIXTURES, copy_tree
 
 from ansible.module_utils.llmtune_sysfs import comment_fstab_swap
 from ansible.module_utils.testing import patch_module_args
@@ -164,11 +165,7 @@ BOOT = {"intel_idle.max_cstate": "1", "processor.max_cstate": "1", "transparent_
 @pytest.fixture(name="boot_tree")
 def fixture_boot_tree(tmp_path):
     """Copy tests/fixtures/drift/NAME (grub defaults, /proc/cmdline, the sysfs effect files) to tmp_path."""
-    def make(name):
-        root = tmp_path / name
-        shutil.copytree(os.path.join(FIXTURES, "drift", name), root)
-        return root
-    return make
+    return functools.partial(copy_tree, tmp_path, "drift")
 
 
 def configured_cmdline(root, capsys):
