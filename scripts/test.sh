@@ -70,16 +70,17 @@ done
 step "waiting for the unit tests"
 wait "$pytest_pid" || { cat "$pytest_log"; exit 1; }
 tail -1 "$pytest_log"
-# Alone: the benchmark against guidellm on one service, both timing the same requests on a quiet machine.
-step "benchmark cross-check with guidellm (unit test)"
-python -m pytest tests/unit -q -s -m crosscheck
+# Alone (after the image build in the whole suite): the benchmark against guidellm, both timing the same requests.
+crosscheck() { step "benchmark cross-check with guidellm (unit test)"; python -m pytest tests/unit -q -s -m crosscheck; }
 if $quick; then
+  crosscheck
   step "molecule default"; molecule test -s default
   exit 0
 fi
 step "waiting for the VM image (one-off, built beside lint)"
 wait "$image_pid" || { cat "$LLMTUNE_CACHE/vm/build-image.log"; exit 1; }
 tail -1 "$LLMTUNE_CACHE/vm/build-image.log"
+crosscheck
 
 beside_vm=(llama_cpp rollback fleet)
 for scenario in molecule/*/; do
