@@ -73,6 +73,14 @@ def render(expr, **variables):
         return Templar(loader=DataLoader(), variables=variables).template(trust_as_template(expr))
 
 
+def task_vars(tsk, **variables):
+    """VARIABLES plus the task's own ``vars``, each rendered in order (a var may use the ones before it)."""
+    resolved = dict(variables)
+    for name, expr in tsk.get("vars", {}).items():
+        resolved[name] = render(expr, **resolved) if isinstance(expr, str) else expr
+    return resolved
+
+
 def condition(expr, **variables):
     with controller():
         return Templar(loader=DataLoader(), variables=variables).evaluate_conditional(trust_as_template(expr))
@@ -369,3 +377,36 @@ def test_vm_checks_parse_grep_output():
     assert observed["cmdline intel_idle.max_cstate"] == "absent"
     assert observed["swap lines in fstab"] == "none" and observed["swap areas in use"] == "none"
     assert observed["vm.swappiness"] == "1"
+
+
+# --- roles/autotune: the candidates the operator allows, and the choice among what was measured ---------------
+
+AUTOTUNE_TOPOLOGY = {"recommended": {"cpus": [0, 1], "threads": 2}, "usable_cpus": [0, 1],
+                     "isa": {"avx512_bf16": True}}
+
+
+@pytest.mark.parametrize("allowed, stacks", [
+    (False, [["transformers", "bfloat16"], ["llama_cpp", "bf16"], ["transformers", "float32"]]),
+    (True, [["transformers", "bfloat16"], ["llama_cpp", "bf16"], ["transformers", "float32"], ["llama_cpp", "q8_0"]]),
+])
+def test_autotune_candidates_hold_quantized_formats_only_when_allowed(allowed, stacks):
+    tsk = task("roles/autotune/tasks/main.yml", "List the candidates")
+    variables = task_vars(tsk, cpu_topology=AUTOTUNE_TOPOLOGY, autotune_allow_quantized=allowed,
+                          autotune_engines=["transformers", "llama_cpp"], autotune_dtypes=["bfloat16", "float32"],
+                          autotune_gguf_types=["bf16", "q8_0"])
+    # bf16 stacks first on a CPU that computes bf16 natively (the time budget may not reach the last ones).
+    assert render(tsk["ansible.builtin.set_fact"]["__autotune_stacks"], **variables) == stacks
+
+
+def test_autotune_chooses_the_lowest_score_of_quiet_measured_candidates():
+    tsk = task("roles/autotune/tasks/choose.yml",
+               "Choose the lowest score among the measured candidates within the memory budget")
+    rows = [{"tuned": False, "status": "measured", "score_ms": 100.0, "noisy": False, "rss_mb": 900},
+            {"tuned": True, "status": "measured", "score_ms": 200.0, "noisy": True, "rss_mb": 900},
+            {"tuned": True, "status": "measured", "score_ms": 300.0, "noisy": False, "rss_mb": 900},
+            {"tuned": True, "status": "measured", "score_ms": 250.0, "noisy": False, "rss_mb": 2000},
+            {"tuned": True, "status": "failed: the engine failed to start"}]
+    chosen = tsk["ansible.builtin.set_fact"]["__autotune_chosen"]
+    # The reference (engine defaults) and the noisy row never win; without a budget the 2000 MiB row does.
+    assert render(chosen, **task_vars(tsk, __autotune_rows=rows, autotune_memory_budget_mb=0))["score_ms"] == 250.0
+    assert render(chosen, **task_vars(tsk, __autotune_rows=rows, autotune_memory_budget_mb=1000))["score_ms"] == 300.0
