@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The reboot proof in a real VM: build a Debian bookworm disk, boot it in QEMU, record the untuned values,
 # run site.yml with reboots allowed, check every setting after the reboot (tests/vm/checks.yml), verify,
-# run site.yml again (0 changed, no reboot), roll back, reboot, check the originals. The VM is always
+# run site.yml's tuning again (0 changed, no reboot), roll back, reboot, check the originals. The VM is always
 # powered off at the end. Logs and console: .cache/vm/run/. About 30 minutes under software emulation.
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
@@ -60,8 +60,11 @@ phase site-1 5400 "${playbook[@]}" site.yml "${site_args[@]}"
 phase checks-tuned 900 "${playbook[@]}" tests/vm/checks.yml -e vm_checks_mode=tuned
 phase verify 1800 "${playbook[@]}" playbooks/verify.yml
 
+# The second run proves what only a real host shows: the OS tuning and the boot configuration change nothing and
+# reboot nothing. The service's second run (same systemd unit and venv) is proven by molecule default's idempotence;
+# skipping it here saves minutes of emulated CPU.
 before=$(boot_id)
-phase site-2 3600 "${playbook[@]}" site.yml "${site_args[@]}"
+phase site-2 3600 "${playbook[@]}" site.yml "${site_args[@]}" --skip-tags serve
 [ -z "$(recap_changed "$LLMTUNE_VM_RUN/site-2.log")" ] ||
   die "second site.yml changed something: $(recap_changed "$LLMTUNE_VM_RUN/site-2.log")"
 [ "$(boot_id)" = "$before" ] || die "second site.yml rebooted the VM"
