@@ -5,8 +5,8 @@ set -euo pipefail
 . "$(dirname "$0")/env.sh"
 
 need_apt=()
-# g++: llama-cpp-python has no binary wheel, the controller compiles it (the llama_cpp engine).
-for cmd in podman:podman runc:runc debootstrap:debootstrap newuidmap:uidmap slirp4netns:slirp4netns g++:g++; do
+# g++, cmake, ninja: llama.cpp has no binary on the registries, the controller compiles it (the llama_cpp engine).
+for cmd in podman:podman runc:runc debootstrap:debootstrap newuidmap:uidmap slirp4netns:slirp4netns g++:g++ cmake:cmake ninja:ninja-build; do
   command -v "${cmd%%:*}" >/dev/null || need_apt+=("${cmd#*:}")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

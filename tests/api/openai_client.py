@@ -8,6 +8,8 @@ Run on the node with the service venv's Python (``openai`` is a dependency of ``
 Checks a non-streamed and a streamed chat completion (real text, real token counts, a finish reason); behind the
 proxy, ``--expect-auth`` checks that a wrong API key raises ``openai.AuthenticationError`` (401) and
 ``--expect-limit N`` that N + 2 simultaneous requests get at least two ``openai.RateLimitError`` (429).
+``--concurrent N`` streams N requests at once (unique prompts, EOS ignored) while polling the engine's health and
+model list: every stream must end whole, none cut by another request or by a poll.
 Prints one JSON line with what was observed; exits 1 with a one-line reason on the first failed check.
 """
 
@@ -17,6 +19,9 @@ import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+import urllib.error
+import urllib.request
 
 import openai
 
@@ -44,11 +49,10 @@ def non_streamed(client: openai.OpenAI, model: str, max_tokens: int) -> dict:
     return {"content": choice.message.content, "usage": answer.usage.model_dump(), "finish_reason": choice.finish_reason}
 
 
-def streamed(client: openai.OpenAI, model: str, max_tokens: int, usage_expected: bool) -> dict:
+def streamed(client: openai.OpenAI, model: str, max_tokens: int) -> dict:
     """One chat completion as server-sent events; returns the joined text, chunk count and usage.
 
-    USAGE_EXPECTED: the engine sends token counts in the stream (transformers serve does; llama-cpp-python 0.3.36
-    ignores ``stream_options`` and sends none, so the content chunks are counted instead).
+    Both engines send token counts in a last event when asked (``stream_options.include_usage``).
     """
     pieces, finish_reason, chunks, usage, first_token_at = [], None, 0, None, None
     start = time.monotonic()
@@ -75,11 +79,7 @@ def streamed(client: openai.OpenAI, model: str, max_tokens: int, usage_expected:
     check(finish_reason in ("stop", "length"), f"stream finish_reason {finish_reason!r}")
     # Unbuffered SSE: the first token arrives well before the last (a buffering proxy delivers all at the end).
     check(first_token_at is not None and first_token_at < 0.8 * total, f"TTFT {first_token_at}s of {total:.2f}s")
-    if usage_expected:
-        check(usage is not None and 0 < usage.completion_tokens <= max_tokens, f"stream usage {usage!r}")
-    else:
-        check(usage is None, f"stream usage {usage!r} from an engine that sent none before: update --engine")
-        check(sum(1 for p in pieces if p) <= max_tokens, f"{len(pieces)} content chunks for max_tokens {max_tokens}")
+    check(usage is not None and 0 < usage.completion_tokens <= max_tokens, f"stream usage {usage!r}")
     return {
         "content": content,
         "chunks": chunks,
@@ -119,6 +119,62 @@ def over_the_limit(client: openai.OpenAI, model: str, limit: int) -> dict:
     return counts
 
 
+def concurrent_streams(client: openai.OpenAI, model: str, engine: str, n: int, max_tokens: int) -> dict:
+    """N streamed chat completions at once while /health and /v1/models are polled every 0.2 s.
+
+    Each must generate exactly MAX_TOKENS tokens (its usage; EOS ignored) and finish with ``length``; every poll
+    must answer 200. Returns per-stream seconds and the poll counts.
+    """
+    # EOS ignored so that every stream has the same length: llama-server's ignore_eos field, transformers serve's
+    # generation_config (both outside the OpenAI API, sent through extra_body).
+    extra = ({"ignore_eos": True} if engine == "llama_cpp" else
+             {"generation_config": json.dumps({"min_new_tokens": max_tokens, "max_new_tokens": max_tokens})})
+    root = str(client.base_url).rstrip("/").removesuffix("/v1")
+    done = False
+    polls = {"200": 0, "other": []}
+
+    def get(path: str) -> int:
+        request = urllib.request.Request(root + path, headers={"Authorization": f"Bearer {client.api_key}"})
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return answer.status
+        except urllib.error.HTTPError as error:
+            return error.code
+
+    def poll() -> None:
+        while not done:
+            for path in ("/health", "/v1/models"):
+                status = get(path)
+                if status == 200:
+                    polls["200"] += 1
+                else:
+                    polls["other"].append(f"{path} {status}")
+            time.sleep(0.2)
+
+    def one(i: int) -> dict:
+        tokens, finish_reason, start = None, None, time.monotonic()
+        prompt = f"Request {i} of {n} at {time.time_ns()}: explain why CPUs have several cache levels."
+        with client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
+                                            max_tokens=max_tokens, stream=True, extra_body=extra,
+                                            stream_options={"include_usage": True}) as stream:
+            for chunk in stream:
+                tokens = chunk.usage.completion_tokens if chunk.usage else tokens
+                for choice in chunk.choices:
+                    finish_reason = choice.finish_reason or finish_reason
+        return {"tokens": tokens, "finish_reason": finish_reason, "seconds": round(time.monotonic() - start, 2)}
+
+    with ThreadPoolExecutor(max_workers=n + 1) as pool:
+        poller = pool.submit(poll)
+        streams = list(pool.map(one, range(n)))
+        done = True
+        poller.result()
+    for i, stream in enumerate(streams):
+        check(stream["finish_reason"] == "length" and stream["tokens"] == max_tokens,
+              f"stream {i} of {n} cut short: {stream}")
+    check(polls["200"] > 0 and not polls["other"], f"polls during the streams: {polls}")
+    return {"streams": streams, "polls_ok": polls["200"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-url", required=True, help="API root, e.g. http://127.0.0.1:8000/v1")
@@ -130,21 +186,25 @@ def main() -> None:
     )
     parser.add_argument("--max-tokens", type=int, default=8, help="tokens to generate per request")
     parser.add_argument("--engine", choices=("transformers", "llama_cpp"), default="transformers",
-                        help="engine behind the API (llama_cpp sends no token counts in streams)")
+                        help="engine behind the API (how --concurrent asks it to ignore end-of-sequence)")
     parser.add_argument("--expect-auth", action="store_true", help="also check that a wrong key gets 401")
     parser.add_argument("--expect-limit", type=int, default=0, help="requests in flight the proxy allows (0: skip)")
+    parser.add_argument("--concurrent", type=int, default=0,
+                        help="streams at once while health is polled (0: skip)")
     args = parser.parse_args()
 
     client = openai.OpenAI(base_url=args.base_url, api_key=args.api_key, timeout=300, max_retries=0)
     result = {
         "openai_version": openai.__version__,
         "non_streamed": non_streamed(client, args.model, args.max_tokens),
-        "streamed": streamed(client, args.model, args.max_tokens, usage_expected=args.engine == "transformers"),
+        "streamed": streamed(client, args.model, args.max_tokens),
     }
     if args.expect_auth:
         result["wrong_key_error"] = wrong_key_refused(args.base_url, args.model)
     if args.expect_limit:
         result["over_the_limit"] = over_the_limit(client, args.model, args.expect_limit)
+    if args.concurrent:
+        result["concurrent"] = concurrent_streams(client, args.model, args.engine, args.concurrent, 4 * args.max_tokens)
     print(json.dumps(result))
 
 

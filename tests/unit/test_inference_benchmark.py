@@ -296,6 +296,18 @@ def test_every_request_of_a_run_sends_its_own_prompt(inference_server, model_id,
         [bench.prompt_for(params(**workload), i) for i in range(8)]
 
 
+@pytest.mark.parametrize("cached, evaluated, hit", [
+    # llama-server on unique 128-token prompts: only Qwen3's chat-template opening (3 tokens) came from the cache.
+    (3.0, 141.0, False),
+    # The same prompt sent again (llama.cpp's log: "134 prefix-match hit, remaining 1 prompt tokens to eval").
+    (134.0, 1.0, True),
+    (None, None, False),  # an engine without counters
+])
+def test_cache_hit_counts_only_more_than_the_template_opening(cached, evaluated, hit):
+    level = {"prompt_tokens_cached_mean": cached, "prompt_tokens_evaluated_mean": evaluated}
+    assert bench.cache_hit(level) is hit
+
+
 def test_synthetic_prompts_start_with_different_words():
     firsts = [bench.synthetic_prompt(4, i).split()[0] for i in range(len(bench.SYNTHETIC_WORDS))]
     assert len(set(firsts)) == len(bench.SYNTHETIC_WORDS)

@@ -342,6 +342,23 @@ def test_verify_api_reads_execstart(engine, model, context):
     assert render(facts["verify_api_context"], **variables) == context
 
 
+def test_llama_cpp_verify_finds_llama_bench_beside_the_server():
+    tsk = task("molecule/llama_cpp/verify.yml", "Run llama-bench on the same GGUF, threads and CPUs")
+    status = {"ExecStart": read(JINJA, "execstart-llama_cpp").strip()}
+    assert render(tsk["vars"]["__bin"], verify_llama_service={"status": status}) == \
+        "/opt/llmtune/llama.cpp-0.3.36-x86_64-2e669cd01475/llama-bench"
+
+
+def test_llama_cpp_verify_prints_the_concurrency_table():
+    tsk = task("molecule/llama_cpp/verify.yml", "Show the concurrency table and the peer reference")
+    levels = [{"concurrency": c, "output_tokens_per_s": tps, "ttft_ms": {"p50": 300.0, "p95": 600.0},
+               "decode_tokens_per_s": {"p50": 15.5}} for c, tps in ((1, 14.3), (2, 23.5), (4, 38.2), (8, 35.7))]
+    lines = render(tsk["ansible.builtin.debug"]["msg"], verify_llama_levels={"levels": levels, "host_load": {
+        "loadavg_before": [0.5, 0.4, 0.3]}}, verify_llama_bench={"stdout": '[{"avg_ts": 15.8}]'})
+    assert lines[3].split() == ["4", "38.2", "2.67", "300.0", "600.0"]
+    assert lines[-1].startswith("single-stream decode 15.5 tok/s, llama-bench tg32 15.8 tok/s (-1.9 %)")
+
+
 def test_verify_api_reads_the_proxy_key():
     key = "s3cr3t-Token_with.chars~+/=="
     conf = render_template_file("roles/inference_proxy/templates/key.conf.j2", inference_proxy_api_key=key,
@@ -385,15 +402,19 @@ AUTOTUNE_TOPOLOGY = {"recommended": {"cpus": [0, 1], "threads": 2}, "usable_cpus
                      "isa": {"avx512_bf16": True}}
 
 
-@pytest.mark.parametrize("allowed, stacks", [
-    (False, [["transformers", "bfloat16"], ["llama_cpp", "bf16"], ["transformers", "float32"]]),
-    (True, [["transformers", "bfloat16"], ["llama_cpp", "bf16"], ["transformers", "float32"], ["llama_cpp", "q8_0"]]),
+@pytest.mark.parametrize("allowed, gguf_types, stacks", [
+    (False, ["bf16", "q8_0"], [["transformers", "bfloat16"], ["llama_cpp", "bf16"], ["transformers", "float32"]]),
+    (True, ["bf16", "q8_0"],
+     [["transformers", "bfloat16"], ["llama_cpp", "bf16"], ["transformers", "float32"], ["llama_cpp", "q8_0"]]),
+    # llama-quantize's types are quantized too.
+    (False, ["bf16", "q4_k_m", "q6_k"], [["transformers", "bfloat16"], ["llama_cpp", "bf16"], ["transformers", "float32"]]),
+    (True, ["q4_k_m"], [["transformers", "bfloat16"], ["transformers", "float32"], ["llama_cpp", "q4_k_m"]]),
 ])
-def test_autotune_candidates_hold_quantized_formats_only_when_allowed(allowed, stacks):
+def test_autotune_candidates_hold_quantized_formats_only_when_allowed(allowed, gguf_types, stacks):
     tsk = task("roles/autotune/tasks/main.yml", "List the candidates")
     variables = task_vars(tsk, cpu_topology=AUTOTUNE_TOPOLOGY, autotune_allow_quantized=allowed,
                           autotune_engines=["transformers", "llama_cpp"], autotune_dtypes=["bfloat16", "float32"],
-                          autotune_gguf_types=["bf16", "q8_0"])
+                          autotune_gguf_types=gguf_types)
     # bf16 stacks first on a CPU that computes bf16 natively (the time budget may not reach the last ones).
     assert render(tsk["ansible.builtin.set_fact"]["__autotune_stacks"], **variables) == stacks
 
