@@ -396,6 +396,30 @@ def test_vm_checks_parse_grep_output():
     assert observed["vm.swappiness"] == "1"
 
 
+@pytest.mark.parametrize("locked, weights, verdict", [
+    # The QEMU VM of the clean-clone run of c14af2b: the tiny proxy's tensors are 19645952 bytes of a 28395360-byte
+    # file (the rest is the header's vocabulary); llama.cpp locked them, page-rounded.
+    (19188, 19185, "yes"),
+    (0, 19185, "no: VmLck 0 kB, weights 19185 kB"),
+    # The file size is not the weights' size: the check that compared with it failed a VM that locked them all.
+    (19188, 27729, "no: VmLck 19188 kB, weights 27729 kB"),
+])
+def test_vm_checks_weights_locked(locked, weights, verdict):
+    play = task("tests/vm/checks.yml", "Check the settings in force on the VM")
+    variables = {name: trust_as_template(value) if isinstance(value, str) else value
+                 for name, value in play["vars"].items()}
+    lines = read(JINJA, "vm-grep-tuned").splitlines()
+    split = task("tests/vm/checks.yml", "Split the output by file")["ansible.builtin.set_fact"]["vm_checks_text"]
+    engine = {"stdout": "x", "stdout_lines": [f"locked_kb={locked}", f"weights_kb={weights}",
+                                               "cpu_backend=libggml-cpu-haswell.so"]}
+    variables.update(vm_checks_text=render(split, vm_checks_grep={"stdout_lines": lines}),
+                     ansible_facts={"services": {}}, vm_checks_answer={}, vm_checks_engine=engine)
+    parse = task("tests/vm/checks.yml", "Parse the observed values")["ansible.builtin.set_fact"]["vm_checks_observed"]
+    observed = render(parse, **variables)
+    assert observed["weights locked (VmLck)"] == verdict
+    assert observed["llama.cpp CPU backend"] == "libggml-cpu-haswell.so"
+
+
 # --- roles/autotune: the candidates the operator allows, and the choice among what was measured ---------------
 
 AUTOTUNE_TOPOLOGY = {"recommended": {"cpus": [0, 1], "threads": 2}, "usable_cpus": [0, 1],
