@@ -386,7 +386,7 @@ def test_vm_checks_parse_grep_output():
                                    "#llmtune# /swapfile none swap sw 0 0")
     variables = {name: trust_as_template(value) if isinstance(value, str) else value
                  for name, value in play["vars"].items()}
-    variables.update(vm_checks_text=files, ansible_facts={"services": {}}, vm_checks_answer={})
+    variables.update(vm_checks_text=files, vm_checks_unit_states={}, vm_checks_answer={})
     parse = task("tests/vm/checks.yml", "Parse the observed values")["ansible.builtin.set_fact"]["vm_checks_observed"]
     observed = render(parse, **variables)
     assert observed["THP enabled"] == "always" and observed["THP defrag"] == "madvise"
@@ -394,6 +394,32 @@ def test_vm_checks_parse_grep_output():
     assert observed["cmdline intel_idle.max_cstate"] == "absent"
     assert observed["swap lines in fstab"] == "none" and observed["swap areas in use"] == "none"
     assert observed["vm.swappiness"] == "1"
+
+
+def test_tuned_services_from_systemctl_show():
+    # The same bookworm output read as the tuned role reads its units: what is installed, in service_facts' terms
+    # (active -> running; the unit file state as status), and the units it would stop (running or enabled).
+    show = read(JINJA, "systemctl-show-units")
+    role_vars = load("roles/tuned/vars/main.yml")
+    services = render(role_vars["tuned_services"], tuned_units_show={"stdout": show})
+    assert services == {"llmtune-cstates.service": {"state": "running", "status": "enabled"},
+                        "getty@tty1.service": {"state": "stopped", "status": "enabled"},
+                        "systemd-tmpfiles-setup.service": {"state": "running", "status": "static"},
+                        "tuned.service": {"state": "stopped", "status": "masked"}}
+    active = render(role_vars["tuned_active_units"], tuned_services=services)
+    assert active == ["getty@tty1.service", "llmtune-cstates.service", "systemd-tmpfiles-setup.service"]
+    assert render(role_vars["tuned_services"], tuned_units_show={"stdout": ""}) == {}
+
+
+def test_vm_checks_unit_states():
+    # systemctl show of a bookworm node (systemd 252): a running unit, a unit systemd does not know, an enabled one
+    # that is not running, a oneshot that ran (exited), and a masked one.
+    show = read(JINJA, "systemctl-show-units")
+    name = task("tests/vm/checks.yml", "Name each unit's state (absent when systemd has no such unit)")
+    states = render(name["ansible.builtin.set_fact"]["vm_checks_unit_states"], vm_checks_units={"stdout": show})
+    assert states == {"llmtune-cstates.service": "running", "llm-inference.service": "absent",
+                      "getty@tty1.service": "stopped", "systemd-tmpfiles-setup.service": "stopped",
+                      "tuned.service": "stopped"}
 
 
 @pytest.mark.parametrize("locked, weights, verdict", [
@@ -410,10 +436,11 @@ def test_vm_checks_weights_locked(locked, weights, verdict):
                  for name, value in play["vars"].items()}
     lines = read(JINJA, "vm-grep-tuned").splitlines()
     split = task("tests/vm/checks.yml", "Split the output by file")["ansible.builtin.set_fact"]["vm_checks_text"]
-    engine = {"stdout": "x", "stdout_lines": [f"locked_kb={locked}", f"weights_kb={weights}",
+    engine = {"stdout": "x", "stdout_lines": [f"locked_kb={locked}", "model=/opt/llmtune/models/tiny-bf16.gguf",
                                                "cpu_backend=libggml-cpu-haswell.so"]}
     variables.update(vm_checks_text=render(split, vm_checks_grep={"stdout_lines": lines}),
-                     ansible_facts={"services": {}}, vm_checks_answer={}, vm_checks_engine=engine)
+                     vm_checks_unit_states={}, vm_checks_answer={}, vm_checks_engine=engine,
+                     vm_checks_weights={"stdout_lines": [f"weights_kb={weights}"]})
     parse = task("tests/vm/checks.yml", "Parse the observed values")["ansible.builtin.set_fact"]["vm_checks_observed"]
     observed = render(parse, **variables)
     assert observed["weights locked (VmLck)"] == verdict

@@ -1,7 +1,10 @@
 #!/bin/sh
-# build-llama-cpp.sh SOURCE BUILD [CMAKE_ARG...]: compile llama.cpp's server and tools from SOURCE in the folder
-# BUILD, and write them, their shared libraries and every CPU backend ggml built (libggml-cpu-*.so) as a tar to
-# "$ONCE_PART" (see once.sh), with build-info.txt (cmake arguments, compile seconds).
+# build-llama-cpp.sh SOURCE BUILD VARIANTS [CMAKE_ARG...]: compile llama.cpp's server and tools from SOURCE in the
+# folder BUILD, and write them, their shared libraries and every CPU backend ggml built (libggml-cpu-*.so) as a tar to
+# "$ONCE_PART" (see once.sh), with build-info.txt (cmake arguments, CPU variants, compile seconds).
+# VARIANTS: "all", or the space-separated CPU variants of -DGGML_CPU_ALL_VARIANTS=ON to keep (e.g. "haswell zen4");
+# each variant costs about 100 CPU-seconds. ggml has no option for a subset, so the build reads a hard-linked copy of
+# SOURCE whose ggml/src/CMakeLists.txt lists only those; an unknown name fails with the release's list.
 # RPATH $ORIGIN: the programs find their libraries in their own folder wherever the tar is unpacked; ggml loads its
 # backends from the program's folder too (ggml/src/ggml-backend-reg.cpp), scoring each CPU variant on the host's CPU.
 # LLAMA_USE_PREBUILT_UI=OFF: no download of the web UI (no hub access); LLAMA_OPENSSL=OFF: the server speaks HTTP on
@@ -9,8 +12,27 @@
 set -eu
 src=$1
 build=$2
-shift 2
+variants=$3
+shift 3
 start=$(date +%s)
+if [ "$variants" != all ]; then
+  list=$src/ggml/src/CMakeLists.txt
+  known=$(sed -n 's/^ *ggml_add_cpu_backend_variant(\([^ )]*\).*/\1/p' "$list" | tr '\n' ' ')
+  for variant in $variants; do
+    case " $known " in *" $variant "*) ;; *) echo "no CPU variant $variant in this llama.cpp; it has: $known" >&2; exit 2 ;; esac
+  done
+  rm -rf "$build.src"
+  cp -al "$src" "$build.src"
+  # A new file, not an edit: the copy's other files are the source's own (hard links).
+  rm "$build.src/ggml/src/CMakeLists.txt"
+  awk -v keep=" $variants " '
+    match($0, /^ *ggml_add_cpu_backend_variant\([^ )]*/) {
+      tag = substr($0, RSTART, RLENGTH); sub(/.*\(/, "", tag)
+      if (index(keep, " " tag " ") == 0) next
+    }
+    { print }' "$list" >"$build.src/ggml/src/CMakeLists.txt"
+  src=$build.src
+fi
 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
   -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
@@ -19,6 +41,6 @@ cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_L
 cmake --build "$build" --target llama-server llama-bench llama-quantize ggml >"$build.build.log" 2>&1 ||
   { tail -n 30 "$build.build.log" >&2; exit 1; }
 cd "$build/bin"
-printf 'cmake arguments: %s\ncompile seconds: %s\n' "$*" $(($(date +%s) - start)) >build-info.txt
+printf 'cmake arguments: %s\nCPU variants: %s\ncompile seconds: %s\n' "$*" "$variants" $(($(date +%s) - start)) >build-info.txt
 # build-info.txt last: hosts take its presence for a whole unpack.
 tar -cf "$ONCE_PART" llama-server llama-bench llama-quantize lib*.so* build-info.txt
