@@ -10,6 +10,7 @@ template files, as the template action does.
 """
 
 import base64
+import re
 import contextlib
 import os
 import warnings
@@ -359,13 +360,34 @@ def test_llama_cpp_verify_prints_the_concurrency_table():
     assert lines[-1].startswith("single-stream decode 15.5 tok/s, llama-bench tg32 15.8 tok/s (-1.9 %)")
 
 
-def test_verify_api_reads_the_proxy_key():
-    key = "s3cr3t-Token_with.chars~+/=="
+def test_proxy_key_map_matches_exactly():
+    # nginx matches a map's plain strings ignoring case (ngx_http_map_module): the keys are "~" regular expressions,
+    # escaped. What a hostile client tried: the key upper-cased, swapped case, cut short or extended.
+    key, other = "s3cr3t-Token_with.chars~+/aBcDeFgH==", "second-client-key-0123456789abcdefXYZ"
     conf = render_template_file("roles/inference_proxy/templates/key.conf.j2", inference_proxy_api_key=key,
+                                inference_proxy_extra_api_keys=[other], inference_proxy_name="llm-inference",
+                                ansible_managed="Ansible managed")
+    patterns = [re.compile(line.split('"')[1][1:]) for line in conf.splitlines() if line.startswith('"~')]
+    assert len(patterns) == 2
+
+    def accepted(header):
+        return any(p.search(header) for p in patterns)
+
+    assert accepted("Bearer " + key) and accepted("Bearer " + other)
+    for wrong in (key.upper(), key.swapcase(), key[:-1], key + "x", "x" + key, key.replace(".", "x")):
+        assert not accepted("Bearer " + wrong), wrong
+    assert not accepted("bearer " + key) and not accepted(key)
+
+
+def test_verify_api_reads_the_proxy_key():
+    key = "s3cr3t-Token_with.chars~+/aBcDeFgH=="
+    conf = render_template_file("roles/inference_proxy/templates/key.conf.j2", inference_proxy_api_key=key,
+                                inference_proxy_extra_api_keys=["second-client-key-0123456789abcdefXYZ"],
                                 inference_proxy_name="llm-inference", ansible_managed="Ansible managed")
-    tsk = task("molecule/default/verify_api.yml", "Keep the key for the requests below")
+    tsk = task("molecule/default/verify_api.yml", "Keep the keys for the requests below")
     content = base64.b64encode(conf.encode()).decode()
-    assert render(tsk["ansible.builtin.set_fact"]["verify_api_key"], verify_api_key_file={"content": content}) == key
+    keys = render(tsk["ansible.builtin.set_fact"]["verify_api_keys"], verify_api_key_file={"content": content})
+    assert list(keys) == [key, "second-client-key-0123456789abcdefXYZ"]
 
 
 def test_verify_tuning_finds_no_active_swap_line():
