@@ -1,0 +1,48 @@
+#!/bin/sh
+# unit-inputs.sh MODE UNIT [FILE...]: what the running service of systemd unit UNIT was started from - its unit file,
+# the folder of its program (a new engine is unpacked with the files' old times, into a new folder) and every other
+# absolute path on its command line (the model) - from systemctl(1) show (MainPID, ExecMainStartTimestampMonotonic,
+# FragmentPath, ExecStart).
+#   stale        those changed since its main process started, one per line; nothing when none did or no process
+#                runs. A run interrupted between writing such a file and restarting the service leaves that behind.
+#   fingerprint  a sha256 of their content (the unit file) and of the name, size and time of every file under them,
+#                with the boot (proc(5) boot_id), the kernel command line and each FILE (e.g. the tuning state):
+#                what a measurement of the service depends on.
+set -eu
+mode=$1
+unit=$2
+shift 2
+started_us=$(systemctl show --property ExecMainStartTimestampMonotonic --value "$unit")
+pid=$(systemctl show --property MainPID --value "$unit")
+fragment=$(systemctl show --property FragmentPath --value "$unit")
+command=$(systemctl show --property ExecStart --value "$unit")
+# ExecStart reads "{ path=PROGRAM ; argv[]=PROGRAM WORD ... ; ignore_errors=no ; ... }".
+program=$(printf '%s\n' "$command" | sed -n 's/^{ path=\([^ ;]*\) ;.*/\1/p')
+inputs=
+[ -n "$fragment" ] && [ -e "$fragment" ] && inputs=$fragment
+[ -n "$program" ] && [ -e "$program" ] && inputs="$inputs $(dirname "$program")"
+for word in $(printf '%s\n' "$command" | sed -n 's/.*argv\[\]=[^ ;]* \([^;]*\);.*/\1/p'); do
+  case $word in
+    /*) [ -e "$word" ] && inputs="$inputs $word" ;;
+  esac
+done
+case $mode in
+  stale)
+    [ "${pid:-0}" -gt 0 ] && [ "${started_us:-0}" -gt 0 ] && [ -n "$inputs" ] || exit 0
+    # proc(5) btime: the boot in seconds since the epoch. Whole seconds on both sides: only changes after the second
+    # the process started in count.
+    btime=$(awk '/^btime / {print $2}' /proc/stat)
+    # shellcheck disable=SC2086 # paths without blanks, one word each
+    find $inputs -maxdepth 0 -newermt "@$((btime + started_us / 1000000 + 1))" -print | sort -u ;;
+  fingerprint)
+    {
+      cat /proc/sys/kernel/random/boot_id /proc/cmdline
+      [ -n "$fragment" ] && [ -e "$fragment" ] && cat "$fragment"
+      # shellcheck disable=SC2086
+      [ -z "$inputs" ] || find $inputs -printf '%p %s %T@\n' | sort
+      for file in "$@"; do
+        [ -e "$file" ] && { echo "$file"; cat "$file"; }
+      done
+    } | sha256sum | cut -d' ' -f1 ;;
+  *) echo "usage: $0 stale|fingerprint UNIT [FILE...]" >&2; exit 2 ;;
+esac
