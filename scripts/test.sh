@@ -46,6 +46,8 @@ print_phases() {
 step "controller set-up (one-off: apt packages, venv, node image)"
 "$LLMTUNE_ROOT/scripts/setup-controller.sh"
 cd "$LLMTUNE_ROOT"
+# First, since it takes seconds: a style fault fails the run before the long builds, not after them.
+step "yamllint"; yamllint -s .
 # A scenario, with its slowest tasks listed at the end of each playbook: where its time goes.
 molecule_test() {
   ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks PROFILE_TASKS_TASK_OUTPUT_LIMIT=15 molecule test -s "$1"
@@ -81,7 +83,6 @@ fi
 pytest_log=$LLMTUNE_CACHE/pytest.log
 python -m pytest tests/unit -q -m "not crosscheck" >"$pytest_log" 2>&1 &
 pytest_pid=$!
-step "yamllint (beside: unit tests)$beside"; yamllint -s .
 step "ansible-lint (beside: unit tests)$beside"; ansible-lint --profile production
 step "ansible-doc (beside: unit tests)$beside"
 for module in library/*.py roles/*/library/*.py; do
