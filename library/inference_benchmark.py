@@ -156,9 +156,18 @@ options:
     type: dict
   report_path:
     description:
-      - Write the result as JSON to this file, creating its parent directories. Written also when
-        O(fail_below) fails the task.
+      - Write the result as JSON to this file, creating its parent directories; atomically and durably (a
+        temporary file, fsync, rename, fsync of the folder), so a reader sees the old report or the new one.
+      - Written only when every level had at least one answered request (a failed measurement never replaces a
+        good one); written also when O(fail_below) fails the task, since the figures are valid.
     type: path
+  tuning_state_path:
+    description:
+      - The llmtune state file (see the rollback role). Its recorded settings are the OS settings llmtune has
+        changed and not rolled back; they are listed in RV(host_state.tuned_settings), so a baseline taken on an
+        already tuned host says so.
+    type: path
+    default: /var/lib/llmtune/state.json
   fail_below:
     description:
       - "Minimum ratio to O(baseline) per RV(summary) figure, for example C({decode_tokens_per_s: 0.9}). The
@@ -388,8 +397,32 @@ roofline:
   sample: {upper_bound_tokens_per_s: 38.2, percent: 41.5}
 report_path:
   description: File the result was written to.
-  returned: when O(report_path) is set
+  returned: when O(report_path) is set and the report was written
   type: str
+host_state:
+  description: The host's state during the measurement, read before the first request.
+  returned: unless in check mode
+  type: dict
+  contains:
+    tuned_settings:
+      description: Keys of the settings recorded in O(tuning_state_path) (empty when the OS is untuned).
+      type: list
+      elements: str
+    kernel_cmdline:
+      description: C(/proc/cmdline).
+      type: str
+    thp_enabled:
+      description: >-
+        The selected mode of C(/sys/kernel/mm/transparent_hugepage/enabled)
+        (Documentation/admin-guide/mm/transhuge.rst), null without THP.
+      type: str
+    governor:
+      description: >-
+        cpufreq governor of the first CPU (C(/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor),
+        Documentation/admin-guide/pm/cpufreq.rst), null without cpufreq (most VMs and containers).
+      type: str
+  sample: {tuned_settings: [thp.enabled], kernel_cmdline: "BOOT_IMAGE=/vmlinuz ro quiet", thp_enabled: madvise,
+           governor: null}
 """
 
 import datetime
@@ -403,6 +436,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmtune_state import load_state, write_atomic
 
 DEFAULT_PROMPTS = [
     "What is the capital of Australia?",
@@ -824,14 +858,33 @@ def below_threshold(gain, summary, baseline, fail_below):
 
 
 def write_report(path, result):
-    """Write RESULT as JSON to PATH, creating parent directories; BenchmarkError on failure."""
+    """Write RESULT as JSON to PATH atomically and durably, creating parent directories; BenchmarkError on failure."""
     try:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(path, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=2, ensure_ascii=False)
-            handle.write("\n")
+        write_atomic(path, json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     except OSError as error:
         raise BenchmarkError(f"cannot write report_path {path}: {error}") from error
+
+
+def _first_line(path):
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return handle.readline().strip()
+    except OSError:
+        return None
+
+
+def host_state(tuning_state_path):
+    """The host's state as RV(host_state) describes it; a damaged state file reads as ValueError's message."""
+    try:
+        tuned = sorted(load_state(tuning_state_path)["settings"]) if tuning_state_path else []
+    except (OSError, ValueError) as error:
+        tuned = [f"unreadable {tuning_state_path}: {error}"]
+    thp = _first_line("/sys/kernel/mm/transparent_hugepage/enabled")
+    selected = [word.strip("[]") for word in (thp or "").split() if word.startswith("[")]
+    return {"tuned_settings": tuned, "kernel_cmdline": _first_line("/proc/cmdline"),
+            "thp_enabled": selected[0] if selected else None,
+            "governor": _first_line("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")}
 
 
 def cache_hit(level):
@@ -864,7 +917,8 @@ def run(params, check_mode=False):
                   ignore_eos=params["ignore_eos"], percentile_method=PERCENTILE_METHOD,
                   started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   host_load={"cpus": os.cpu_count() or 1, "loadavg_before": [round(x, 2) for x in os.getloadavg()],
-                             "other_cpus_before": before["other"], "settle_wait_s": waited})
+                             "other_cpus_before": before["other"], "settle_wait_s": waited},
+                  host_state=host_state(params["tuning_state_path"]))
     if is_noisy(before, params["busy_limit"]):
         warnings.append(f"other processes kept {before['other']} CPUs busy (steal {before['steal_percent']} %) "
                         f"after waiting {waited} s: figures taken now are not comparable")
@@ -898,12 +952,13 @@ def run(params, check_mode=False):
         elif level["errors"]:
             warnings.append(f"{level['errors']} of {level['requests']} requests at concurrency "
                             f"{level['concurrency']} failed: {level['error_messages'][0]}")
-    if params["report_path"]:
+    if params["report_path"] and not failure:
         result["report_path"] = params["report_path"]
         try:
             write_report(params["report_path"], result)
         except BenchmarkError as error:
-            failure = failure or str(error)
+            result.pop("report_path")
+            failure = str(error)
     if not failure and params["fail_below"]:
         failure = below_threshold(result["gain"], result["summary"], params["baseline"], params["fail_below"])
     return result, failure, warnings
@@ -929,6 +984,7 @@ ARGUMENT_SPEC = {
     "include_usage": {"type": "bool", "default": True},
     "baseline": {"type": "dict"},
     "report_path": {"type": "path"},
+    "tuning_state_path": {"type": "path", "default": "/var/lib/llmtune/state.json"},
     "fail_below": {"type": "dict"},
 }
 

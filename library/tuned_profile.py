@@ -121,7 +121,7 @@ import os
 import re
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmtune_state import backup_file, load_state, record_original
+from ansible.module_utils.llmtune_state import backup_file, load_state, record_original, write_atomic
 
 STATE_KEY = "tuned.profile"
 TUNED_MAIN_CONF = "/etc/tuned/tuned-main.conf"
@@ -218,15 +218,6 @@ def read(path):
         return None
 
 
-def write(path, text):
-    """Write ``text`` to ``path`` atomically, mode 0644."""
-    tmp = path + ".llmtune-tmp"
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def main():
     module = AnsibleModule(argument_spec={
         "name": {"type": "str", "default": "llmtune"},
@@ -263,13 +254,13 @@ def main():
             # A new profile directory is recorded as created, so a rollback removes it whole.
             backup_file(params["state_path"], path if os.path.isdir(os.path.dirname(path)) else os.path.dirname(path))
             os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
-            write(path, content)
+            write_atomic(path, content)
         if selection_changed and not check:
             for tuned_file in (ACTIVE_PROFILE, PROFILE_MODE):
                 backup_file(params["state_path"], tuned_file)
             if not active["running"]:
-                write(ACTIVE_PROFILE, name + "\n")
-                write(PROFILE_MODE, "manual\n")
+                write_atomic(ACTIVE_PROFILE, name + "\n")
+                write_atomic(PROFILE_MODE, "manual\n")
         # A running daemon reads a profile when it is selected: select again after the file changed.
         if (selection_changed or file_changed) and active["running"] and not check:
             rc, out, err = module.run_command([adm, "profile", name])

@@ -11,7 +11,9 @@ Layout of ``/var/lib/llmtune/state.json`` (JSON object)::
 
 Keys of ``settings`` are dotted ``<role>.<setting>``. An entry is never overwritten: the first value
 recorded is the one a rollback restores. Backups live in ``backup/`` next to the state file, under the
-file's absolute path. Writes are atomic (temporary file + ``os.replace``).
+file's absolute path, in folders readable by root only. Writes are atomic and durable: a temporary file in the
+same folder is fsynced, renamed over the old one, then the folder is fsynced (rename(2), fsync(2): without the last
+two steps a power loss right after a run can leave the old file or an empty one).
 """
 
 from __future__ import annotations
@@ -48,19 +50,49 @@ def load_state(path):
     return state
 
 
-def save_state(path, state):
-    """Write ``state`` to ``path`` atomically (mode 0600, parent directory created with mode 0700)."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".state.")
+def sync_path(path):
+    """fsync(2) the file or folder at ``path`` (str): its data, or for a folder its entries (a rename in it).
+
+    Raises ``OSError`` as ``os.open``/``os.fsync`` do.
+    """
+    fd = os.open(path, os.O_RDONLY)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(state, handle, indent=2, sort_keys=True)
-            handle.write("\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path, data, mode=0o644):
+    """Replace ``path`` (str) with ``data`` (str, UTF-8, or bytes) atomically and durably.
+
+    A new file gets ``mode`` (int); an existing one keeps its mode and owner. The temporary file lives in the same
+    folder (a rename within one file system is atomic) and is removed on any failure. Raises ``OSError``.
+    """
+    directory = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data.encode("utf-8") if isinstance(data, str) else data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            old = os.stat(path)
+            os.chmod(tmp, old.st_mode & 0o7777)
+            os.chown(tmp, old.st_uid, old.st_gid)
+        except FileNotFoundError:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
-        os.unlink(tmp)
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
         raise
+    sync_path(directory)
+
+
+def save_state(path, state):
+    """Write ``state`` to ``path`` atomically and durably (mode 0600, parent folder created with mode 0700)."""
+    os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)
+    write_atomic(path, json.dumps(state, indent=2, sort_keys=True) + "\n", mode=0o600)
 
 
 def record_original(path, key, original, check_mode=False, kernel_path=None):
@@ -105,8 +137,15 @@ def backup_file(path, file_path, check_mode=False):
              "recorded": _now()}
     if not check_mode:
         if existed:
+            # The backup root is root-only: makedirs gives only the last folder its mode.
+            root = os.path.join(os.path.dirname(path), "backup")
+            os.makedirs(root, mode=0o700, exist_ok=True)
+            os.chmod(root, 0o700)
             os.makedirs(os.path.dirname(entry["backup"]), mode=0o700, exist_ok=True)
             shutil.copy2(file_path, entry["backup"], follow_symlinks=False)
+            if not os.path.islink(entry["backup"]):
+                sync_path(entry["backup"])
+            sync_path(os.path.dirname(entry["backup"]))
         state["files"][file_path] = entry
         save_state(path, state)
     return True, entry

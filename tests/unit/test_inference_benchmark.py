@@ -89,6 +89,19 @@ def test_result_shape_and_real_values(run_1_2, inference_server, model_id, tiny_
     assert result["host_load"]["cpus"] == os.cpu_count()
     assert len(result["host_load"]["loadavg_before"]) == len(result["host_load"]["loadavg_after"]) == 3
     assert json.loads(report.read_text()) == result
+    with open("/proc/cmdline", encoding="utf-8") as handle:
+        assert result["host_state"]["kernel_cmdline"] == handle.readline().strip()
+    assert result["host_state"]["tuned_settings"] == []
+
+
+def test_host_state_names_the_tuning_in_place(tmp_path):
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"settings": {"thp.enabled": {"original": "always [madvise] never"},
+                                              "cpufreq.governor.cpu0": {"original": "schedutil"}}}))
+    assert bench.host_state(str(state))["tuned_settings"] == ["cpufreq.governor.cpu0", "thp.enabled"]
+    assert bench.host_state(str(tmp_path / "absent.json"))["tuned_settings"] == []
+    state.write_text("[]")
+    assert bench.host_state(str(state))["tuned_settings"] == [f"unreadable {state}: {state} is not a JSON object"]
 
 
 def test_percentiles_are_inclusive_quantiles():
@@ -136,9 +149,14 @@ def test_bad_options_fail_before_any_request(options, message):
     assert "levels" not in result
 
 
-def test_unreachable_url_counts_errors_and_fails():
+def test_unreachable_url_counts_errors_and_fails(tmp_path):
     url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
-    result, failure, _ = bench.run(params(url=url, model="m", requests=2))
+    good = tmp_path / "baseline.json"
+    good.write_text('{"summary": {"decode_tokens_per_s": 9.5}}\n')
+    result, failure, _ = bench.run(params(url=url, model="m", requests=2, report_path=str(good)))
+    # A failed measurement never replaces a good one.
+    assert good.read_text() == '{"summary": {"decode_tokens_per_s": 9.5}}\n'
+    assert "report_path" not in result
     assert result["levels"][0]["errors"] == 2
     assert result["levels"][0]["ttft_ms"] == {"p50": None, "p95": None, "p99": None}
     assert failure == (f"all 2 requests at concurrency 1 to {url} failed: "

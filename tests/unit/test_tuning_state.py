@@ -47,6 +47,24 @@ def test_file_backup_once_and_missing_file(tmp_path, capsys):
     missing = run({"path": path, "file": str(tmp_path / "etc" / "sysctl.d" / "90-llmtune-swap.conf")}, capsys)
     assert missing["backup"] is None
     assert missing["entry"]["existed"] is False
+    # Backups and the state are root's alone (the originals may hold secrets).
+    assert oct((tmp_path / "state" / "backup").stat().st_mode & 0o777) == "0o700"
+    assert oct((tmp_path / "state" / "state.json").stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in (tmp_path / "state").iterdir() if p.name.startswith(".")] == []
+
+
+def test_write_atomic_keeps_mode_and_replaces_whole(tmp_path):
+    from ansible.module_utils.llmtune_state import write_atomic
+
+    target = tmp_path / "tuned.conf"
+    write_atomic(str(target), "new\n")
+    assert (target.read_text(), oct(target.stat().st_mode & 0o777)) == ("new\n", "0o644")
+    target.chmod(0o640)
+    write_atomic(str(target), b"second\n", mode=0o600)
+    assert (target.read_text(), oct(target.stat().st_mode & 0o777)) == ("second\n", "0o640")
+    with pytest.raises(IsADirectoryError):
+        write_atomic(str(tmp_path), "x")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tuned.conf"]
 
 
 def test_read_returns_whole_state(tmp_path, capsys):
