@@ -25,4 +25,15 @@ if [ ! -x "$LLMTUNE_ROOT/.venv/bin/ansible-playbook" ] ||
   cp "$LLMTUNE_ROOT/requirements.txt" "$LLMTUNE_ROOT/.venv/requirements.installed"
 fi
 
+# nginx for the proxy's tests (tests/unit/test_proxy_nginx.py): the distribution's package unpacked into the cache,
+# not installed, so that no nginx service starts on the controller.
+nginx_root=$LLMTUNE_CACHE/nginx
+if [ ! -x "$nginx_root/usr/sbin/nginx" ]; then
+  echo "== nginx (unpacked for the proxy tests)"
+  nginx_deb=$(mktemp -d)
+  (cd "$nginx_deb" && apt-get download -qq nginx 2>/dev/null) || { apt-get update -qq && (cd "$nginx_deb" && apt-get download -qq nginx 2>/dev/null); }
+  dpkg -x "$nginx_deb"/nginx_*.deb "$nginx_root"
+  rm -rf "$nginx_deb"
+fi
+
 "$LLMTUNE_ROOT/scripts/build-node-image.sh"

@@ -1,0 +1,109 @@
+"""The inference_proxy role's nginx configuration, rendered by Ansible, run by the distribution's nginx in front of the
+real `transformers serve`: exact key match, and no client's error reaching another client.
+
+nginx is the Debian package unpacked into the cache by scripts/setup-controller.sh (not installed: no service).
+"""
+
+import http.client
+import json
+import os
+import subprocess
+import time
+import urllib.parse
+
+import pytest
+from conftest import ROOT, VENV_BIN, free_port
+
+NGINX = os.path.join(os.environ.get("LLMTUNE_CACHE", os.path.join(ROOT, ".cache")), "nginx", "usr", "sbin", "nginx")
+KEY = "client-key-0123456789abcdefABCDEF+/"
+EXTRA_KEY = "second-client-key-0123456789abcdefXYZ"
+
+
+def render(template, dest, variables):
+    """Render roles/inference_proxy/templates/TEMPLATE to DEST with Ansible's template module and VARIABLES."""
+    subprocess.run([os.path.join(VENV_BIN, "ansible"), "localhost", "-c", "local", "-i", "localhost,",
+                    "-m", "ansible.builtin.template",
+                    "-a", f"src={ROOT}/roles/inference_proxy/templates/{template} dest={dest}",
+                    "-e", json.dumps(dict(variables, ansible_python_interpreter=os.path.join(VENV_BIN, "python")))],
+                   cwd=ROOT, check=True, capture_output=True, text=True, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def proxy(inference_server, tmp_path_factory):
+    """nginx with the role's site in front of the served tiny proxy; yields its port."""
+    prefix = tmp_path_factory.mktemp("nginx")
+    upstream = urllib.parse.urlsplit(inference_server).netloc
+    port = free_port()
+    variables = {"inference_proxy_name": "llm-test", "inference_proxy_listen": "127.0.0.1", "inference_proxy_port": port,
+                 "inference_proxy_api_key": KEY, "inference_proxy_extra_api_keys": [EXTRA_KEY],
+                 "inference_proxy_backends": [upstream], "inference_proxy_max_concurrent": 8,
+                 "inference_proxy_max_body_size": "256k", "inference_proxy_read_timeout": 60,
+                 "inference_proxy_upstream_keepalive_timeout": 4,
+                 "__inference_proxy_key_file": str(prefix / "key.conf")}
+    render("key.conf.j2", prefix / "key.conf", variables)
+    render("proxy.conf.j2", prefix / "site.conf", variables)
+    # The main configuration of the package, reduced to what a site needs, with paths under the prefix.
+    temp = " ".join(f"{name}_temp_path {prefix}/{name};" for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    (prefix / "nginx.conf").write_text(f"pid {prefix}/nginx.pid;\nevents {{}}\nhttp {{ access_log off; {temp} "
+                                       f"include {prefix}/site.conf; }}\n")
+    proc = subprocess.Popen([NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "error.log"),
+                             "-g", "daemon off; worker_processes 1;"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while post(port, "/health", None, method="GET")[0] != 200:
+            assert proc.poll() is None, (prefix / "error.log").read_text()
+            assert time.monotonic() < deadline, "nginx not answering in 30 s"
+            time.sleep(0.2)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
+def post(port, path, body, key=KEY, method="POST"):
+    """(status, parsed JSON body or None) of one request; status 0 when the connection failed."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    try:
+        conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
+        resp = conn.getresponse()
+        data = resp.read()
+    except OSError:
+        return 0, None
+    finally:
+        conn.close()
+    try:
+        return resp.status, json.loads(data)
+    except ValueError:
+        return resp.status, None
+
+
+def good_request(model):
+    return {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "Why is the sky blue?"}]}
+
+
+@pytest.mark.parametrize("key, status", [
+    (KEY, 200), (EXTRA_KEY, 200),
+    # Each got 200 when nginx compared the keys as its map's plain strings (issue 20, input 3).
+    (KEY.upper(), 401), (KEY.swapcase(), 401), (KEY[:-1], 401), (KEY + "x", 401), ("x" + KEY, 401), (None, 401),
+    # Whitespace around a header's value is not part of it (RFC 9110, 5.5): the same key.
+    (KEY + " ", 200),
+])
+def test_only_the_exact_key_gets_in(proxy, tiny_proxy_dir, key, status):
+    code, answer = post(proxy, "/v1/chat/completions", good_request(str(tiny_proxy_dir)), key=key)
+    assert code == status
+    if status == 401:
+        assert answer["error"]["code"] == "invalid_api_key"
+
+
+def test_a_bad_request_never_fails_the_next_clients_request(proxy, tiny_proxy_dir):
+    """Client A's malformed request (no messages) gets the engine's error, after which uvicorn closes the kept-alive
+    connection; client B's valid request right after still succeeds (issue 20, input 2: B got 502 in 7 of 10
+    rounds; 17 of 20 here without proxy_next_upstream)."""
+    model = str(tiny_proxy_dir)
+    rounds = [(post(proxy, "/v1/chat/completions", {"model": model, "max_tokens": 4})[0],
+               post(proxy, "/v1/chat/completions", good_request(model))[0]) for _ in range(20)]
+    assert [good for _bad, good in rounds] == [200] * 20
+    assert all(400 <= bad < 600 and bad != 502 for bad, _good in rounds), rounds
