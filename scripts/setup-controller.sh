@@ -25,15 +25,16 @@ if [ ! -x "$LLMTUNE_ROOT/.venv/bin/ansible-playbook" ] ||
   cp "$LLMTUNE_ROOT/requirements.txt" "$LLMTUNE_ROOT/.venv/requirements.installed"
 fi
 
-# nginx for the proxy's tests (tests/unit/test_proxy_nginx.py): the distribution's package unpacked into the cache,
-# not installed, so that no nginx service starts on the controller.
+# nginx and its njs module for the proxy's tests (tests/unit/test_proxy_nginx.py): the distribution's packages
+# unpacked into the cache, not installed, so that no nginx service starts on the controller.
 nginx_root=$LLMTUNE_CACHE/nginx
-if [ ! -x "$nginx_root/usr/sbin/nginx" ]; then
+if [ ! -f "$nginx_root/usr/lib/nginx/modules/ngx_http_js_module.so" ]; then
   echo "== nginx (unpacked for the proxy tests)"
-  nginx_deb=$(mktemp -d)
-  (cd "$nginx_deb" && apt-get download -qq nginx 2>/dev/null) || { apt-get update -qq && (cd "$nginx_deb" && apt-get download -qq nginx 2>/dev/null); }
-  dpkg -x "$nginx_deb"/nginx_*.deb "$nginx_root"
-  rm -rf "$nginx_deb"
+  nginx_debs=$(mktemp -d)
+  download() { (cd "$nginx_debs" && apt-get download -qq nginx libnginx-mod-http-js 2>/dev/null); }
+  download || { apt-get update -qq && download; }
+  for deb in "$nginx_debs"/*.deb; do dpkg -x "$deb" "$nginx_root"; done
+  rm -rf "$nginx_debs"
 fi
 
 "$LLMTUNE_ROOT/scripts/build-node-image.sh"

@@ -1,7 +1,9 @@
-"""The inference_proxy role's nginx configuration, rendered by Ansible, run by the distribution's nginx in front of the
-real `transformers serve`: exact key match, and no client's error reaching another client.
+"""The inference_proxy role's nginx configuration, rendered by Ansible, run by the distribution's nginx (and its njs
+module, for the request checks) in front of the real `transformers serve`: exact key match, malformed requests and
+too long outputs refused before the engine, and no client's error reaching another client.
 
-nginx is the Debian package unpacked into the cache by scripts/setup-controller.sh (not installed: no service).
+nginx and njs are the Debian packages unpacked into the cache by scripts/setup-controller.sh (not installed: no
+service).
 """
 
 import http.client
@@ -14,7 +16,8 @@ import urllib.parse
 import pytest
 from conftest import ROOT, VENV_BIN, free_port
 
-NGINX = os.path.join(os.environ.get("LLMTUNE_CACHE", os.path.join(ROOT, ".cache")), "nginx", "usr", "sbin", "nginx")
+NGINX_ROOT = os.path.join(os.environ.get("LLMTUNE_CACHE", os.path.join(ROOT, ".cache")), "nginx")
+MAX_OUTPUT_TOKENS = 16
 KEY = "client-key-0123456789abcdefABCDEF+/"
 EXTRA_KEY = "second-client-key-0123456789abcdefXYZ"
 
@@ -38,15 +41,19 @@ def proxy(inference_server, tmp_path_factory):
                  "inference_proxy_api_key": KEY, "inference_proxy_extra_api_keys": [EXTRA_KEY],
                  "inference_proxy_backends": [upstream], "inference_proxy_max_concurrent": 8,
                  "inference_proxy_max_body_size": "256k", "inference_proxy_read_timeout": 60,
-                 "inference_proxy_upstream_keepalive_timeout": 4,
-                 "__inference_proxy_key_file": str(prefix / "key.conf")}
+                 "inference_proxy_upstream_keepalive_timeout": 4, "inference_proxy_request_checks": True,
+                 "inference_proxy_max_output_tokens": MAX_OUTPUT_TOKENS,
+                 "__inference_proxy_key_file": str(prefix / "key.conf"),
+                 "__inference_proxy_checks_file": os.path.join(ROOT, "roles", "inference_proxy", "files",
+                                                               "openai-requests.js")}
     render("key.conf.j2", prefix / "key.conf", variables)
     render("proxy.conf.j2", prefix / "site.conf", variables)
     # The main configuration of the package, reduced to what a site needs, with paths under the prefix.
     temp = " ".join(f"{name}_temp_path {prefix}/{name};" for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    (prefix / "nginx.conf").write_text(f"pid {prefix}/nginx.pid;\nevents {{}}\nhttp {{ access_log off; {temp} "
-                                       f"include {prefix}/site.conf; }}\n")
-    proc = subprocess.Popen([NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "error.log"),
+    module = os.path.join(NGINX_ROOT, "usr", "lib", "nginx", "modules", "ngx_http_js_module.so")
+    (prefix / "nginx.conf").write_text(f"load_module {module};\npid {prefix}/nginx.pid;\nevents {{}}\n"
+                                       f"http {{ access_log off; {temp} include {prefix}/site.conf; }}\n")
+    proc = subprocess.Popen([os.path.join(NGINX_ROOT, "usr", "sbin", "nginx"), "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "error.log"),
                              "-g", "daemon off; worker_processes 1;"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
@@ -98,12 +105,60 @@ def test_only_the_exact_key_gets_in(proxy, tiny_proxy_dir, key, status):
         assert answer["error"]["code"] == "invalid_api_key"
 
 
+def chat(model, **fields):
+    return dict(good_request(model), **fields)
+
+
+@pytest.mark.parametrize("fields, param", [
+    # Each got 500 from the engine, or (max_tokens) kept it generating for a client long gone (issue 20, inputs 1, 2).
+    ({"messages": None}, "messages"),
+    ({"messages": "hello"}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages"),
+    ({"max_tokens": -1}, "max_tokens"),
+    ({"max_tokens": "abc"}, "max_tokens"),
+    ({"max_tokens": 1000000000}, "max_tokens"),
+    ({"max_tokens": MAX_OUTPUT_TOKENS + 1}, "max_tokens"),
+    ({"max_tokens": 2.5}, "max_tokens"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"seed": "x"}, "seed"),
+    ({"stream": "yes"}, "stream"),
+    ({"generation_config": '{"max_new_tokens": 1000000000}'}, "generation_config"),
+    ({"generation_config": '{"max_length": 1000000000}'}, "generation_config"),
+    ({"generation_config": "{not json"}, "generation_config"),
+])
+def test_malformed_requests_get_400_before_the_engine(proxy, tiny_proxy_dir, fields, param):
+    body = {k: v for k, v in chat(str(tiny_proxy_dir), **fields).items() if v is not None}
+    code, answer = post(proxy, "/v1/chat/completions", body)
+    assert (code, answer["error"]["type"], answer["error"]["param"]) == (400, "invalid_request_error", param)
+
+
+def test_body_not_json_gets_400(proxy):
+    conn = http.client.HTTPConnection("127.0.0.1", proxy, timeout=60)
+    conn.request("POST", "/v1/chat/completions", body=b"not json", headers={"Authorization": f"Bearer {KEY}"})
+    resp = conn.getresponse()
+    assert (resp.status, json.loads(resp.read())["error"]["message"]) == (400, "the request body is not JSON")
+
+
+def test_the_longest_allowed_output_and_the_models_list_pass(proxy, tiny_proxy_dir):
+    code, answer = post(proxy, "/v1/chat/completions", chat(str(tiny_proxy_dir), max_tokens=MAX_OUTPUT_TOKENS))
+    assert (code, answer["usage"]["completion_tokens"]) == (200, MAX_OUTPUT_TOKENS)
+    # How a client makes transformers serve ignore end-of-sequence: a generation config within the limit.
+    config = json.dumps({"min_new_tokens": 4, "max_new_tokens": 4})
+    code, answer = post(proxy, "/v1/chat/completions", chat(str(tiny_proxy_dir), max_tokens=4, generation_config=config))
+    assert (code, answer["usage"]["completion_tokens"]) == (200, 4)
+    assert post(proxy, "/v1/completions", {"model": str(tiny_proxy_dir), "prompt": "", "max_tokens": 2})[0] == 400
+    code, models = post(proxy, "/v1/models", None, method="GET")
+    assert code == 200 and models["data"]
+
+
 def test_a_bad_request_never_fails_the_next_clients_request(proxy, tiny_proxy_dir):
-    """Client A's malformed request (no messages) gets the engine's error, after which uvicorn closes the kept-alive
-    connection; client B's valid request right after still succeeds (issue 20, input 2: B got 502 in 7 of 10
-    rounds; 17 of 20 here without proxy_next_upstream)."""
+    """Client A's request with a malformed field the checks leave to the engine (tools) gets the engine's 500, after
+    which uvicorn closes the kept-alive connection; client B's valid request right after still succeeds (issue 20,
+    input 2: B got 502 in 7 of 10 rounds; 17 of 20 here without proxy_next_upstream)."""
     model = str(tiny_proxy_dir)
-    rounds = [(post(proxy, "/v1/chat/completions", {"model": model, "max_tokens": 4})[0],
+    rounds = [(post(proxy, "/v1/chat/completions", chat(model, tools=5))[0],
                post(proxy, "/v1/chat/completions", good_request(model))[0]) for _ in range(20)]
     assert [good for _bad, good in rounds] == [200] * 20
     assert all(400 <= bad < 600 and bad != 502 for bad, _good in rounds), rounds
