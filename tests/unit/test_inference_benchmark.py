@@ -270,20 +270,33 @@ def relay_timing(record):
 
 
 def test_ttft_and_decode_speed_agree_with_independent_timing(inference_server, model_id):
-    relay = TimingRelay(int(inference_server.rsplit(":", 1)[1]))
-    try:
-        result, failure, _ = bench.run(params(url=f"http://127.0.0.1:{relay.port}", model=model_id, requests=5,
-                                              max_tokens=16, warmup=1, timeout=20))
-    finally:
-        relay.close()
-    assert failure is None
-    samples = result["levels"][0]["samples"]
-    measured = [relay_timing(record) for record in relay.connections[1:]]  # [0] is the warmup request
-    assert [m[2] for m in measured] == [s["output_tokens"] for s in samples] == [16] * 5
-    level = result["levels"][0]
-    assert level["ttft_ms"]["p50"] == pytest.approx(statistics.median(m[0] for m in measured), rel=0.05)
-    assert level["decode_tokens_per_s"]["p50"] == pytest.approx(statistics.median(m[1] for m in measured),
-                                                                rel=0.05)
+    """The module's TTFT and decode tokens/s p50 within 5 % of the relay's for the same requests.
+
+    The suite runs this beside linters and a VM: a run disturbed by them (a thread woken late on a full machine) is
+    measured again, at most three times, as the benchmark itself re-measures a noisy level; a systematic error
+    fails every attempt.
+    """
+    attempts = []
+    for _ in range(3):
+        relay = TimingRelay(int(inference_server.rsplit(":", 1)[1]))
+        try:
+            result, failure, _ = bench.run(params(url=f"http://127.0.0.1:{relay.port}", model=model_id, requests=5,
+                                                  max_tokens=16, warmup=1, timeout=20))
+        finally:
+            relay.close()
+        assert failure is None
+        samples = result["levels"][0]["samples"]
+        measured = [relay_timing(record) for record in relay.connections[1:]]  # [0] is the warmup request
+        assert [m[2] for m in measured] == [s["output_tokens"] for s in samples] == [16] * 5
+        level = result["levels"][0]
+        figures = {"ttft_ms": (level["ttft_ms"]["p50"], statistics.median(m[0] for m in measured)),
+                   "decode_tokens_per_s": (level["decode_tokens_per_s"]["p50"],
+                                           statistics.median(m[1] for m in measured))}
+        attempts.append(figures)
+        if all(module == pytest.approx(relay_figure, rel=0.05) for module, relay_figure in figures.values()):
+            break
+    else:
+        pytest.fail(f"module vs relay (p50) disagree by more than 5 % in every attempt: {attempts}")
 
 
 def sent_prompt(record):
