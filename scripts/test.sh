@@ -72,9 +72,10 @@ if ! $quick; then
   # The highest priority: everything else fills its idle time.
   setsid nice -n -10 tests/vm/run.sh >"$vm_log" 2>&1 &
   vm_pid=$!
-  # The VM's site.yml needs the llama.cpp build at its service, ~20 min in; if it gets there first, the build's lock
-  # makes it wait instead of building twice. Three CPU variants (~500 CPU-s) finish well before, below the VM's
-  # priority and above the scenarios'.
+  # The VM's service deploy needs the llama.cpp build, after its two tuning runs (~35 min in); if it gets there
+  # first, the build's lock makes it wait instead of building twice (in the clean-clone run of 25b6e9d the build
+  # took 2043 s beside the VM, whose single site.yml then waited 486 s for it). Below the VM's priority and above
+  # the scenarios'.
   step "wheelhouses: llama.cpp compile, transformers (one-off, beside the VM)"
   nice -n -5 ansible-playbook playbooks/wheelhouse.yml -e '{"wheelhouse_engines": ["llama_cpp", "transformers"]}'
 fi
