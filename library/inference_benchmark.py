@@ -437,6 +437,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmtune_state import load_state, write_atomic
+from ansible.module_utils.llmtune_sysfs import parse_bracketed, read_text
 
 DEFAULT_PROMPTS = [
     "What is the capital of Australia?",
@@ -866,25 +867,15 @@ def write_report(path, result):
         raise BenchmarkError(f"cannot write report_path {path}: {error}") from error
 
 
-def _first_line(path):
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.readline().strip()
-    except OSError:
-        return None
-
-
 def host_state(tuning_state_path):
     """The host's state as RV(host_state) describes it; a damaged state file reads as ValueError's message."""
     try:
         tuned = sorted(load_state(tuning_state_path)["settings"]) if tuning_state_path else []
     except (OSError, ValueError) as error:
         tuned = [f"unreadable {tuning_state_path}: {error}"]
-    thp = _first_line("/sys/kernel/mm/transparent_hugepage/enabled")
-    selected = [word.strip("[]") for word in (thp or "").split() if word.startswith("[")]
-    return {"tuned_settings": tuned, "kernel_cmdline": _first_line("/proc/cmdline"),
-            "thp_enabled": selected[0] if selected else None,
-            "governor": _first_line("/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")}
+    return {"tuned_settings": tuned, "kernel_cmdline": read_text(None, "/proc/cmdline"),
+            "thp_enabled": parse_bracketed(read_text(None, "/sys/kernel/mm/transparent_hugepage/enabled"))[0],
+            "governor": read_text(None, "/sys/devices/system/cpu/cpu0/cpufreq/scaling_governor")}
 
 
 def cache_hit(level):
@@ -953,11 +944,10 @@ def run(params, check_mode=False):
             warnings.append(f"{level['errors']} of {level['requests']} requests at concurrency "
                             f"{level['concurrency']} failed: {level['error_messages'][0]}")
     if params["report_path"] and not failure:
-        result["report_path"] = params["report_path"]
         try:
-            write_report(params["report_path"], result)
+            write_report(params["report_path"], dict(result, report_path=params["report_path"]))
+            result["report_path"] = params["report_path"]
         except BenchmarkError as error:
-            result.pop("report_path")
             failure = str(error)
     if not failure and params["fail_below"]:
         failure = below_threshold(result["gain"], result["summary"], params["baseline"], params["fail_below"])

@@ -177,7 +177,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmtune_cmdline import (
     GRUB_VARIABLES, CmdlineError, edit_params, evaluate_dropins, find_assignments, format_param, join_params,
     missing_params, read_assignment, replace_assignment, split_kernel_params)
-from ansible.module_utils.llmtune_state import sync_path
+from ansible.module_utils.llmtune_state import atomic_move_durably
 from ansible.module_utils.llmtune_sysfs import read_text
 
 
@@ -317,9 +317,7 @@ def write_file(module, path, text, backup):
         if module.check_mode:
             return None
         backup_file = module.backup_local(path) if backup else None
-        sync_path(tmp)
-        module.atomic_move(tmp, path)
-        sync_path(os.path.dirname(path))
+        atomic_move_durably(module, tmp, path)
         return backup_file
     finally:
         if os.path.exists(tmp):

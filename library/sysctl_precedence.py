@@ -80,7 +80,7 @@ import os
 import tempfile
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmtune_state import DEFAULT_STATE_PATH, backup_file, sync_path
+from ansible.module_utils.llmtune_state import DEFAULT_STATE_PATH, atomic_move_durably, backup_file
 from ansible.module_utils.llmtune_sysctl import comment_lines, describe, overriding_assignments
 from ansible.module_utils.llmtune_sysfs import sysroot_path
 
@@ -125,9 +125,7 @@ def write(module, path, text):
         handle.write(text.encode("utf-8", "surrogateescape"))
     if not existed:
         os.chmod(tmp, 0o644)
-    sync_path(tmp)
-    module.atomic_move(tmp, path)
-    sync_path(os.path.dirname(path))
+    atomic_move_durably(module, tmp, path)
 
 
 def main():

@@ -89,6 +89,14 @@ def write_atomic(path, data, mode=0o644):
     sync_path(directory)
 
 
+def atomic_move_durably(module, tmp, path):
+    """``module.atomic_move(tmp, path)`` (AnsibleModule: keeps the owner, mode and SELinux label of ``path``), with
+    the temporary file fsynced before and ``path``'s folder after, as ``write_atomic`` does. Raises ``OSError``."""
+    sync_path(tmp)
+    module.atomic_move(tmp, path)
+    sync_path(os.path.dirname(path) or ".")
+
+
 def save_state(path, state):
     """Write ``state`` to ``path`` atomically and durably (mode 0600, parent folder created with mode 0700)."""
     os.makedirs(os.path.dirname(path) or ".", mode=0o700, exist_ok=True)

@@ -114,7 +114,7 @@ import multiprocessing
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmtune_state import backup_file, record_original, sync_path
+from ansible.module_utils.llmtune_state import atomic_move_durably, backup_file, record_original
 from ansible.module_utils.llmtune_sysfs import (comment_fstab_swap, parse_meminfo, parse_proc_swaps, read_text,
                                                 sysroot_path)
 
@@ -252,9 +252,7 @@ def main():
                     tmp = fstab + ".llmtune.tmp"
                     with open(tmp, "w", encoding="utf-8") as handle:
                         handle.write(new_text)
-                    sync_path(tmp)
-                    module.atomic_move(tmp, fstab)
-                    sync_path(os.path.dirname(fstab))
+                    atomic_move_durably(module, tmp, fstab)
     module.exit_json(**result)
 
 
