@@ -42,6 +42,9 @@ print_phases() {
   end_phase
   printf '\n== phase table (wall s, busy CPU s of the whole machine; %s CPUs)\n' "$(nproc)"
   awk -F'\t' '{printf "%-62s %6d %8d\n", $1, $2, $3; w += $2} END {printf "%-62s %6d\n", "total", w}' "$phases"
+  # The VM beside the rest: when it ended, and its emulator's CPU time (tests/vm/run.sh).
+  [ -z "$vm_wall" ] || printf '%-62s %6d %8s\n' "(the VM in the background, from its start)" "$vm_wall" \
+    "$(sed -n 's/^ *QEMU CPU time *\([0-9]*\)s$/\1/p' "$vm_log")"
 }
 step "controller set-up (one-off: apt packages, venv, node image)"
 "$LLMTUNE_ROOT/scripts/setup-controller.sh"
@@ -54,7 +57,7 @@ molecule_test() {
 }
 mkdir -p "$LLMTUNE_CACHE/vm"
 vm_log=$LLMTUNE_CACHE/vm/run.log
-vm_pid=
+vm_pid= vm_wall=
 # On a failure elsewhere: the VM run's whole process group, so that its EXIT trap powers the VM off at once.
 stop_vm() {
   if [ -n "$vm_pid" ] && kill -0 "$vm_pid" 2>/dev/null; then kill -- "-$vm_pid"; wait "$vm_pid" || true; fi
@@ -72,6 +75,7 @@ if ! $quick; then
   # The highest priority: everything else fills its idle time.
   setsid nice -n -10 tests/vm/run.sh >"$vm_log" 2>&1 &
   vm_pid=$!
+  vm_started=$SECONDS
   # The VM's service deploy needs the llama.cpp build, after its two tuning runs (~35 min in); if it gets there
   # first, the build's lock makes it wait instead of building twice (in the clean-clone run of 25b6e9d the build
   # took 2043 s beside the VM, whose single site.yml then waited 486 s for it). Below the VM's priority and above
@@ -89,6 +93,7 @@ step "ansible-doc (beside: unit tests)$beside"
 for module in library/*.py roles/*/library/*.py; do
   ansible-doc -M "$(dirname "$module")" "$(basename "$module" .py)" >/dev/null
 done
+ansible-doc -t connection podman_pipelined >/dev/null
 step "waiting for the unit tests$beside"
 wait "$pytest_pid" || { cat "$pytest_log"; exit 1; }
 tail -1 "$pytest_log"
@@ -114,6 +119,7 @@ if ! $quick; then
   step "waiting for the VM"
   vm_rc=0
   wait "$vm_pid" || vm_rc=$?
+  vm_wall=$(($(stat -c %Y "$vm_log") - $(date +%s) + SECONDS - vm_started))
   vm_pid=
   if [ "$vm_rc" -ne 0 ]; then cat "$vm_log"; echo "== reboot proof in a VM failed (rc $vm_rc)"; exit "$vm_rc"; fi
   # The evidence: each check table, then the phase durations.

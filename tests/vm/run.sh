@@ -12,10 +12,14 @@ inventory=$LLMTUNE_ROOT/inventory/vm
 timings=()
 
 summary() {
-  local rc=$?
+  local rc=$? pid cpu=
+  # The emulator's CPU time (every vCPU and the translation): what the VM takes from the work beside it.
+  pid=$(cat "$LLMTUNE_VM_RUN/qemu.pid" 2>/dev/null) &&
+    cpu=$(awk -v t="$(getconf CLK_TCK)" '{printf "%.0f", ($14 + $15) / t}' "/proc/$pid/stat" 2>/dev/null)
   "$VM_SCRIPTS/boot.sh" stop || true
   printf '\n== phase durations\n'
   printf '  %s\n' "${timings[@]}"
+  [ -z "$cpu" ] || printf '  %-18s %4ss\n' "QEMU CPU time" "$cpu"
   if [ "$rc" -eq 0 ]; then echo "== VM scenario passed"; else echo "== VM scenario FAILED (rc $rc), logs in $LLMTUNE_VM_RUN"; fi
 }
 trap summary EXIT
