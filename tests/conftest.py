@@ -82,16 +82,17 @@ def tiny_proxy_dir(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def serve(model_dir, log_dir, threads):
-    """The real `transformers serve` with MODEL_DIR preloaded on 127.0.0.1 and THREADS torch threads; yields its
-    base URL and ends it afterwards."""
+def serve(model_dir, log_dir, threads, cpus=None):
+    """The real `transformers serve` with MODEL_DIR preloaded on 127.0.0.1 and THREADS torch threads, bound to the
+    set CPUS when given (sched_setaffinity(2)); yields its base URL and ends it afterwards."""
     port = free_port()
     log_path = log_dir / "serve.log"
     cmd = [os.path.join(VENV_BIN, "transformers"), "serve", str(model_dir), "--device", "cpu",
            "--host", "127.0.0.1", "--port", str(port)]
     env = dict(PROXY_ENV, OMP_NUM_THREADS=str(threads))
     with open(log_path, "w", encoding="utf-8") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
