@@ -131,7 +131,7 @@ if ! $quick; then
     [[ " ${beside_vm[*]} " == *" $scenario "* ]] || measured+=("$scenario")
   done
 fi
-# Alone, nothing else running: the benchmark against guidellm (both timing the same requests), then the scenarios
+# Alone, nothing else running: the benchmark against guidellm (request by request in turn), then the scenarios
 # whose figures count.
 step "benchmark cross-check with guidellm (unit test)"; python -m pytest tests/unit -q -s -m crosscheck
 for scenario in "${measured[@]}"; do

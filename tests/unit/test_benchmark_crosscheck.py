@@ -1,35 +1,40 @@
 """library/inference_benchmark.py against guidellm, a well-kept benchmarking tool of the field, on one real service.
 
-Both send the same prompts (requests 1 to 4 of the module's own sequence) for the same output length to the same
-`transformers serve`, one request at a time; their TTFT and time per output token must agree within 10 %.
-This VM's speed drifts by 10-15 % within a minute (one tool's TPOT p50 86 then 100 ms in two runs; in CI, one run
-of each tool measured TTFT 129 then 102 ms), which one run of each tool cannot tell from a disagreement. So each
-guidellm run is bracketed by two runs of ours (ours, guidellm, ours, guidellm, ...), compared with the mean of
-those two, and the mean of these ratios must be within 10 % of 1.
-llama-benchy 0.4.0 cannot be used here: it always sends `return_token_ids`, which transformers serve refuses (422);
-guidellm sends only OpenAI fields when it is given prompts and a max_tokens (its synthetic data adds `ignore_eos`).
-Marked `crosscheck`: the test command runs it alone, after the linters, so that both tools see a quiet machine.
+Both time streaming chat completions of the same `transformers serve`, one request at a time, request by request in
+turn (ours, guidellm's, ours, ...), each with its own 128-token prompt from the module's sequence and 32 output
+tokens; the medians of their TTFT and time per output token must agree within 10 %.
+Turn by turn because this VM's speed drifts by 10-20 % within a minute (24 requests of ours in a row: TPOT 75-81 ms
+for the first six, 89-100 ms from the ninth on; whole guidellm runs of four requests measured 68 and then 100 ms),
+which whole runs of each tool in sequence cannot tell from a disagreement: in CI a run of each, then three runs of
+each in alternation, failed on drift alone.
+guidellm's side is its own HTTP backend (httpx, its request timings) and its own per-request statistics
+(GenerativeRequestStats: TTFT to the first output token, inter-token latency (last - first token) / (tokens - 1)),
+the code its `guidellm run` reports from, called per request instead of through its scheduler so that the turns
+interleave. llama-benchy 0.4.0 cannot be used here: it always sends `return_token_ids`, which transformers serve
+refuses (422).
+Marked `crosscheck`: the test command runs it alone, so that both tools see a quiet machine.
 """
 
-import json
+import asyncio
 import os
-import subprocess
+import statistics
 
 import pytest
+from guidellm.backends.openai.http import OpenAIHTTPBackend
+from guidellm.schemas import GenerationRequest, RequestInfo
+from guidellm.schemas.backends import OpenAIHTTPBackendArgs
 
 import inference_benchmark as bench  # noqa: E402  (library/ is on sys.path via conftest)
-from conftest import PROXY_ENV, VENV_BIN, serve  # noqa: E402
+from conftest import serve  # noqa: E402
 
 pytestmark = pytest.mark.crosscheck
-PROMPT_TOKENS, OUTPUT_TOKENS, REQUESTS = 128, 32, 4
-GUIDELLM_RUNS = 3
+PROMPT_TOKENS, OUTPUT_TOKENS, TURNS = 128, 32, 16
 
 
 @pytest.fixture(scope="module")
 def proxy_server(proxy_model_dir, tmp_path_factory):
-    # One engine thread on the first CPU, the clients (this process and guidellm's, which inherit its mask) on the
-    # others: unpinned, the scheduler put a client on the engine's CPU now and then and the same tool's TPOT p50
-    # moved 86 -> 100 ms between two runs minutes apart.
+    # One engine thread on the first CPU, both clients (this process) on the others: unpinned, the scheduler put a
+    # client on the engine's CPU now and then.
     cpus = sorted(os.sched_getaffinity(0))
     assert len(cpus) >= 2, "the cross-check needs two CPUs: one for the engine, one for the clients"
     with serve(proxy_model_dir, tmp_path_factory.mktemp("serve-2l"), threads=1, cpus={cpus[0]}) as url:
@@ -40,50 +45,45 @@ def proxy_server(proxy_model_dir, tmp_path_factory):
             os.sched_setaffinity(0, cpus)
 
 
-def guidellm(url, model, prompts_file, out):
-    cmd = [os.path.join(VENV_BIN, "guidellm"), "run",
-           "--backend", f"kind=openai_http,target={url},model={model},max_tokens={OUTPUT_TOKENS}",
-           "--profile", "kind=synchronous", "--constraint", f"kind=max_requests,count={REQUESTS}",
-           "--data", f"kind=json_file,path={prompts_file}", "--tokenizer", f"kind=huggingface_auto,model={model}",
-           "--output", f"kind=json,path={out}", "--disable-console"]
-    done = subprocess.run(cmd, env=PROXY_ENV, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    return json.loads(out.read_text())["benchmarks"][0]
+async def guidellm_request(backend, prompt):
+    """One streamed request through guidellm's backend; its statistics (GenerativeRequestStats)."""
+    request = GenerationRequest(columns={"text_column": [prompt]})
+    info = RequestInfo(request_id=request.request_id)
+    response = None
+    async for response, info in backend.resolve(request, info):
+        pass
+    info.status = "completed"  # what guidellm's scheduler sets once the backend returned without error
+    return response.compile_stats(request, info)
 
 
-def test_ttft_and_tpot_agree_with_guidellm(proxy_server, proxy_model_dir, tmp_path):
+def test_ttft_and_tpot_agree_with_guidellm(proxy_server, proxy_model_dir):
     model = str(proxy_model_dir)
-    options = {name: spec.get("default") for name, spec in bench.ARGUMENT_SPEC.items()}
-    options.update(url=proxy_server, model=model, prompt_tokens=PROMPT_TOKENS, max_tokens=OUTPUT_TOKENS,
-                   requests=REQUESTS, warmup=1, settle_timeout=0)
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": bench.prompt_for(options, i)}) + "\n"
-                               for i in range(1, REQUESTS + 1)), encoding="utf-8")
-    ours_runs, their_runs = [], []
-    for n in range(2 * GUIDELLM_RUNS + 1):
-        if n % 2:
-            metrics = guidellm(proxy_server, model, prompts, tmp_path / f"guidellm-{n}.json")["metrics"]
-            assert metrics["request_totals"]["successful"] == REQUESTS
-            assert metrics["output_token_count"]["successful"]["median"] == OUTPUT_TOKENS
-            # Both see the same prompt length (the server's usage).
-            assert metrics["prompt_token_count"]["successful"]["median"] == pytest.approx(prompt_tokens, abs=1)
-            # guidellm's TPOT: (e2e - TTFT) / (tokens - 1), like ours; both time the first content token.
-            figure = (metrics["time_to_first_output_token_ms"]["successful"]["median"],
-                      metrics["inter_token_latency_ms"]["successful"]["median"])
-            their_runs.append(figure)
-        else:
-            ours, failure, _ = bench.run(options)
-            assert failure is None
-            assert ours["levels"][0]["output_tokens"] == REQUESTS * OUTPUT_TOKENS
-            prompt_tokens = ours["levels"][0]["prompt_tokens_mean"]
-            figure = (ours["summary"]["ttft_ms_p50"], ours["summary"]["tpot_ms_p50"])
-            ours_runs.append(figure)
-        print(f"\ncross-check run {n + 1} {'guidellm' if n % 2 else 'inference_benchmark'}: TTFT p50 {figure[0]:.1f} ms, "
-              f"TPOT p50 {figure[1]:.1f} ms, 1-min load {os.getloadavg()[0]:.2f}")
+    params = {name: spec.get("default") for name, spec in bench.ARGUMENT_SPEC.items()}
+    params.update(url=proxy_server, model=model, prompt_tokens=PROMPT_TOKENS, max_tokens=OUTPUT_TOKENS)
+    ours, theirs = [], []
+
+    async def turns():
+        backend = OpenAIHTTPBackend(OpenAIHTTPBackendArgs(target=proxy_server, model=model, max_tokens=OUTPUT_TOKENS))
+        await backend.process_startup()
+        try:
+            # Turn 0 warms both clients and the engine up; prompts 1, 2, ... alternate between the tools.
+            for turn in range(TURNS + 1):
+                sample = bench.stream_request(proxy_server, model, bench.prompt_for(params, 2 * turn + 1), params)
+                stats = await guidellm_request(backend, bench.prompt_for(params, 2 * turn + 2))
+                assert (sample["output_tokens"], stats.output_tokens) == (OUTPUT_TOKENS, OUTPUT_TOKENS)
+                # Both see the same prompt length (the server's usage).
+                assert stats.prompt_tokens == pytest.approx(sample["prompt_tokens"], abs=1)
+                if turn:
+                    ours.append((sample["ttft_ms"], sample["tpot_ms"]))
+                    theirs.append((stats.time_to_first_output_token_ms, stats.inter_token_latency_ms))
+        finally:
+            await backend.process_shutdown()
+
+    asyncio.run(turns())
     for i, name in enumerate(("TTFT", "TPOT")):
-        ratios = [(ours_runs[k][i] + ours_runs[k + 1][i]) / 2 / theirs[i] for k, theirs in enumerate(their_runs)]
-        mean = sum(ratios) / len(ratios)
-        figures = (f"{name} p50, inference_benchmark / guidellm: each guidellm run against its bracket "
-                   f"{[round(r, 3) for r in ratios]}, mean {mean:.3f}")
-        print("cross-check", figures)
-        assert mean == pytest.approx(1, abs=0.10), figures
+        mine, other = [round(t[i], 1) for t in ours], [round(t[i], 1) for t in theirs]
+        ratio = statistics.median(mine) / statistics.median(other)
+        figures = (f"{name} ms per turn, inference_benchmark {mine}, guidellm {other}; "
+                   f"medians {statistics.median(mine):.1f} / {statistics.median(other):.1f} = {ratio:.3f}")
+        print("\ncross-check", figures)
+        assert ratio == pytest.approx(1, abs=0.10), figures
