@@ -279,24 +279,37 @@ def test_sandbox_exposure_line():
         "Overall exposure level for llm-inference.service: 1.9 OK")
 
 
-def test_autotune_peak_rss_from_proc_status():
+@pytest.mark.parametrize("concurrency, score_ms", [
+    # One request in flight: its end-to-end latency, TTFT p50 + 31 x TPOT p50.
+    (1, 50.0 + 31 * 20.0),
+    # More: ms per output token served to all clients, 1000 / aggregate output tokens/s.
+    (4, round(1000 / 48.0, 2)),
+])
+def test_autotune_row_from_proc_status_and_the_workload_score(concurrency, score_ms):
     tsk = task("roles/autotune/tasks/measure.yml", "Record the row")
     status = read(JINJA, "proc-status")
     summary = {"ttft_ms_p50": 50.0, "ttft_ms_p95": 60.0, "tpot_ms_p50": 20.0, "decode_tokens_per_s": 50.0,
                "e2e_ms_p50": 700.0, "output_tokens_per_s": 48.0}
+    key = "/opt/llmtune/models/m.gguf auto"
     variables = {
         "__autotune_rows": [], "__autotune_row": {"engine": "llama_cpp"}, "__s": summary, "autotune_output_tokens": 32,
+        "autotune_concurrency": concurrency,
         "__autotune_bench": {"levels": [{"prompt_tokens_mean": 128, "output_tokens": 64, "requests": 2,
+                                         "tpot_ms": {"p50": 20.0, "p95": 24.0},
                                          "cpu": {"other": 0.02}, "prompt_tokens_cached_mean": None}],
                              "noisy": False, "roofline": {"percent": 40},
                              "host_load": {"loadavg_before": [0.1, 0.1, 0.1]}},
-        "__autotune_roofline": {"bandwidth_gb_s": 10.0, "decode_upper_bound_tokens_per_s": 120.0},
+        "__autotune_roofline_key": key,
+        "__autotune_rooflines": {key: {"bandwidth_gb_s": 10.0, "decode_upper_bound_tokens_per_s": 120.0}},
+        "inference_service_running": {"parallel": 4, "continuous_batching": None},
         "__autotune_status": {"content": base64.b64encode(status.encode()).decode()},
     }
     rows = render(tsk["ansible.builtin.set_fact"]["__autotune_rows"], **variables)
     vmhwm_kb = int([line for line in status.splitlines() if line.startswith("VmHWM:")][0].split()[1])
     assert rows[0]["rss_mb"] == round(vmhwm_kb / 1024)
     assert (rows[0]["noisy"], rows[0]["other_cpus"]) == (False, 0.02)
+    assert (rows[0]["score_ms"], rows[0]["tpot_ms_p95"], rows[0]["parallel"]) == (score_ms, 24.0, 4)
+    assert rows[0]["roofline_tokens_per_s"] == 120.0
 
 
 def test_grub_bls_args_from_grubby():
@@ -492,15 +505,53 @@ def test_autotune_candidates_hold_quantized_formats_only_when_allowed(allowed, g
     assert render(tsk["ansible.builtin.set_fact"]["__autotune_stacks"], **variables) == stacks
 
 
+CHOOSE = "Choose the lowest score among the measured candidates within the memory budget and latency bounds"
+
+
 def test_autotune_chooses_the_lowest_score_of_quiet_measured_candidates():
-    tsk = task("roles/autotune/tasks/choose.yml",
-               "Choose the lowest score among the measured candidates within the memory budget")
+    tsk = task("roles/autotune/tasks/choose.yml", CHOOSE)
     rows = [{"tuned": False, "status": "measured", "score_ms": 100.0, "noisy": False, "rss_mb": 900},
             {"tuned": True, "status": "measured", "score_ms": 200.0, "noisy": True, "rss_mb": 900},
             {"tuned": True, "status": "measured", "score_ms": 300.0, "noisy": False, "rss_mb": 900},
             {"tuned": True, "status": "measured", "score_ms": 250.0, "noisy": False, "rss_mb": 2000},
             {"tuned": True, "status": "failed: the engine failed to start"}]
     chosen = tsk["ansible.builtin.set_fact"]["__autotune_chosen"]
+    unbounded = {"autotune_max_ttft_p95_ms": 0, "autotune_max_tpot_p95_ms": 0}
     # The reference (engine defaults) and the noisy row never win; without a budget the 2000 MiB row does.
-    assert render(chosen, **task_vars(tsk, __autotune_rows=rows, autotune_memory_budget_mb=0))["score_ms"] == 250.0
-    assert render(chosen, **task_vars(tsk, __autotune_rows=rows, autotune_memory_budget_mb=1000))["score_ms"] == 300.0
+    assert render(chosen, **task_vars(tsk, __autotune_rows=rows, autotune_memory_budget_mb=0, **unbounded))[
+        "score_ms"] == 250.0
+    assert render(chosen, **task_vars(tsk, __autotune_rows=rows, autotune_memory_budget_mb=1000, **unbounded))[
+        "score_ms"] == 300.0
+
+
+def test_autotune_leaves_out_candidates_above_the_latency_bounds():
+    tsk = task("roles/autotune/tasks/choose.yml", CHOOSE)
+    row = {"tuned": True, "status": "measured", "noisy": False, "rss_mb": 900}
+    rows = [dict(row, score_ms=20.0, ttft_ms_p95=900.0, tpot_ms_p95=40.0),  # most tokens/s, TTFT p95 too long
+            dict(row, score_ms=25.0, ttft_ms_p95=300.0, tpot_ms_p95=90.0),  # TPOT p95 too long
+            dict(row, score_ms=30.0, ttft_ms_p95=300.0, tpot_ms_p95=None),  # no TPOT figure: cannot show it is within
+            dict(row, score_ms=40.0, ttft_ms_p95=300.0, tpot_ms_p95=40.0)]
+
+    def choose(ttft, tpot):
+        resolved = task_vars(tsk, __autotune_rows=rows, autotune_memory_budget_mb=0,
+                             autotune_max_ttft_p95_ms=ttft, autotune_max_tpot_p95_ms=tpot)
+        return (render(tsk["ansible.builtin.set_fact"]["__autotune_chosen"], **resolved)["score_ms"],
+                render(tsk["ansible.builtin.set_fact"]["__autotune_reason"], **resolved).strip())
+
+    assert choose(0, 0) == (20.0, "lowest workload score of 4 measured candidates")
+    assert choose(500, 0) == (25.0, "lowest workload score of 3 measured candidates, 1 over the latency bounds")
+    assert choose(500, 50) == (40.0, "lowest workload score of 1 measured candidates, 3 over the latency bounds")
+
+
+@pytest.mark.parametrize("concurrency, parallel, slots", [
+    (1, [], [1]),
+    (4, [], [1, 2, 4]),
+    (6, [], [1, 2, 4]),
+    (4, [3, 3, 8], [3, 8]),
+])
+def test_autotune_slot_candidates(concurrency, parallel, slots):
+    tsk = task("roles/autotune/tasks/main.yml", "List the candidates")
+    variables = task_vars(tsk, cpu_topology=AUTOTUNE_TOPOLOGY, autotune_allow_quantized=False,
+                          autotune_engines=["llama_cpp"], autotune_dtypes=[], autotune_gguf_types=["bf16"],
+                          autotune_concurrency=concurrency, autotune_parallel=parallel)
+    assert render(tsk["ansible.builtin.set_fact"]["__autotune_slots"], **variables) == slots

@@ -20,15 +20,17 @@ def main(source, target):
     chosen = result.get("chosen") or {}
     rows = [row for row in result["rows"] if row["status"] == "measured"]
     labels = [f"{row['engine']} {row['format']} {row['threads']}t"
-              + (f" {row['allocator']}" if row["allocator"] != "none" else "") if row["tuned"] else "defaults"
+              + (f" {row['allocator']}" if row["allocator"] != "none" else "")
+              + (f" {row['parallel']}sl" if row.get("parallel") else "")
+              + (" cb" if row.get("continuous_batching") else "") if row["tuned"] else "defaults"
               for row in rows]
-    is_chosen = [all(row.get(key) == chosen.get(key) for key in ("engine", "format", "threads", "cpus", "allocator"))
-                 for row in rows]
+    keys = ("engine", "format", "threads", "cpus", "allocator", "parallel", "continuous_batching")
+    is_chosen = [all(row.get(key) == chosen.get(key) for key in keys) for row in rows]
     colors = ["tab:green" if flag else ("tab:gray" if not row["tuned"] else "tab:blue")
               for row, flag in zip(rows, is_chosen)]
     fig, (score, decode) = plt.subplots(1, 2, figsize=(11, 4))
     score.bar(labels, [row["score_ms"] for row in rows], color=colors)
-    score.set_ylabel("workload latency score, ms (lower is better)")
+    score.set_ylabel("workload score, ms (lower is better)")
     decode.bar(labels, [row["decode_tokens_per_s"] for row in rows], color=colors)
     decode.plot(labels, [row["roofline_tokens_per_s"] for row in rows], "r_", markersize=30, label="roofline")
     decode.set_ylabel("decode tokens/s (higher is better)")
