@@ -555,3 +555,18 @@ def test_autotune_slot_candidates(concurrency, parallel, slots):
                           autotune_engines=["llama_cpp"], autotune_dtypes=[], autotune_gguf_types=["bf16"],
                           autotune_concurrency=concurrency, autotune_parallel=parallel)
     assert render(tsk["ansible.builtin.set_fact"]["__autotune_slots"], **variables) == slots
+
+
+@pytest.mark.parametrize("concurrency, parallel, ttft, tpot, ok", [
+    (2, [], 0, 0, True),
+    (4, [1, 2], 500, 80, True),
+    (0, [], 0, 0, False),
+    (4, [0, 2], 0, 0, False),
+    (4, [], -1, 0, False),
+    (4, [], 0, -5, False),
+])
+def test_autotune_refuses_bad_workload_variables(concurrency, parallel, ttft, tpot, ok):
+    tsk = task("roles/autotune/tasks/main.yml", "Check the workload's concurrency, slot counts and latency bounds")
+    variables = dict(autotune_concurrency=concurrency, autotune_parallel=parallel, autotune_max_ttft_p95_ms=ttft,
+                     autotune_max_tpot_p95_ms=tpot)
+    assert all(condition(expr, **variables) for expr in tsk["ansible.builtin.assert"]["that"]) == ok
