@@ -10,6 +10,7 @@ template files, as the template action does.
 """
 
 import base64
+import json
 import re
 import contextlib
 import os
@@ -557,16 +558,46 @@ def test_autotune_slot_candidates(concurrency, parallel, slots):
     assert render(tsk["ansible.builtin.set_fact"]["__autotune_slots"], **variables) == slots
 
 
-@pytest.mark.parametrize("concurrency, parallel, ttft, tpot, ok", [
-    (2, [], 0, 0, True),
-    (4, [1, 2], 500, 80, True),
-    (0, [], 0, 0, False),
-    (4, [0, 2], 0, 0, False),
-    (4, [], -1, 0, False),
-    (4, [], 0, -5, False),
+AUTOTUNE_DEFAULTS = load("roles/autotune/defaults/main.yml")
+
+
+@pytest.mark.parametrize("overrides, failing", [
+    ({"autotune_concurrency": 2}, []),
+    ({"autotune_concurrency": 4, "autotune_parallel": [1, 2], "autotune_max_ttft_p95_ms": 500,
+      "autotune_max_tpot_p95_ms": 80}, []),
+    ({"autotune_concurrency": 0}, ["autotune_concurrency"]),
+    ({"autotune_parallel": [0, 2]}, ["autotune_parallel"]),
+    ({"autotune_max_ttft_p95_ms": -1}, ["autotune_max_ttft_p95_ms"]),
+    ({"autotune_max_tpot_p95_ms": -5}, ["autotune_max_tpot_p95_ms"]),
+    ({"autotune_threads": [2, 0]}, ["autotune_threads"]),
+    ({"autotune_output_tokens": 1, "autotune_state_path": "var/lib/x.json"},
+     ["autotune_output_tokens", "autotune_state_path"]),
 ])
-def test_autotune_refuses_bad_workload_variables(concurrency, parallel, ttft, tpot, ok):
-    tsk = task("roles/autotune/tasks/main.yml", "Check the workload's concurrency, slot counts and latency bounds")
-    variables = dict(autotune_concurrency=concurrency, autotune_parallel=parallel, autotune_max_ttft_p95_ms=ttft,
-                     autotune_max_tpot_p95_ms=tpot)
-    assert all(condition(expr, **variables) for expr in tsk["ansible.builtin.assert"]["that"]) == ok
+def test_autotune_refuses_bad_variables(overrides, failing):
+    tsk = task("roles/autotune/tasks/variables.yml", "Check the auto-tune's ranges")
+    variables = dict(AUTOTUNE_DEFAULTS, **overrides)
+    rules = [{key: render(value, **variables) if isinstance(value, str) else value for key, value in rule.items()}
+             for rule in tsk["loop"]]
+    assert [rule["name"] for rule in rules if not rule["ok"]] == failing
+
+
+AUTOTUNE_INPUTS = {"cpu": {"model_name": "AMD EPYC 9R14", "usable_cpus": [0, 1]},
+                   "workload": {"prompt_tokens": 128, "output_tokens": 32, "concurrency": 1}}
+
+
+@pytest.mark.parametrize("stored, changed", [
+    (None, ["no stored result"]),
+    ({"inputs": AUTOTUNE_INPUTS}, []),
+    # Written by another Python: the same JSON with other key order and spacing.
+    ({"inputs": {"workload": {"concurrency": 1, "output_tokens": 32, "prompt_tokens": 128},
+                 "cpu": {"usable_cpus": [0, 1], "model_name": "AMD EPYC 9R14"}}}, []),
+    ({"inputs": dict(AUTOTUNE_INPUTS, workload=dict(AUTOTUNE_INPUTS["workload"], concurrency=4))}, ["workload"]),
+    ({"inputs": {"cpu": dict(AUTOTUNE_INPUTS["cpu"], model_name="Intel Xeon"), "workload": {}}}, ["cpu", "workload"]),
+    # Stored before the inputs were recorded.
+    ({"chosen": {}}, ["cpu", "workload"]),
+])
+def test_autotune_keeps_a_result_while_its_inputs_hold(stored, changed):
+    tsk = task("roles/autotune/tasks/main.yml", "Compare them with the stored result's")
+    content = {} if stored is None else {"content": base64.b64encode(json.dumps(stored, indent=2).encode()).decode()}
+    variables = task_vars(tsk, __autotune_inputs=AUTOTUNE_INPUTS, __autotune_stored=content)
+    assert render(tsk["ansible.builtin.set_fact"]["__autotune_changed"], **variables) == changed

@@ -42,6 +42,10 @@ CASES = [
     ({"benchmark_concurrency": [0, 2]}, "benchmark_concurrency must be a non-empty list of levels >= 1"),
     ({"benchmark_fail_below": {"decode_tokens_per_s": 0}}, "benchmark_fail_below must be ratios > 0"),
     ({"inference_service_threads": "abc"}, "inference_service_threads"),
+    # The auto-tune stage deployed llama-server --parallel 0 and showed it only as a failed row.
+    ({"autotune_parallel": [0]}, "autotune_parallel must be a list of slot counts >= 1 (got [0])"),
+    ({"llmtune_autotune": "maybe"}, "llmtune_autotune is 'maybe'"),
+    ({"llmtune_on_failure": "reboot"}, "llmtune_on_failure is 'reboot'"),
 ]
 GOOD = {"inference_service_listen": "0.0.0.0", "inference_service_api_key": KEY,
         "inference_service_extra_api_keys": [KEY.lower()]}
