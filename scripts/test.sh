@@ -4,10 +4,10 @@
 # The VM's CPU is emulated and needs about half an hour of CPU, so it runs in the background from the start, beside
 # everything whose figures gate nothing: the one-off llama.cpp build, lint, unit tests and the scenarios llama_cpp
 # (API checks), rollback (no service) and fleet (a tiny proxy, no threshold but an impossible one). The benchmarks
-# that count (the guidellm cross-check, molecule autotune and default) run after it, alone: next to two emulated
-# CPUs, llama.cpp decode fell from ~40 to 3.5 tokens/s even at SCHED_IDLE priority.
+# that count (the guidellm cross-check, molecule default: site.yml with its auto-tune stage) run after it, alone: next
+# to two emulated CPUs, llama.cpp decode fell from ~40 to 3.5 tokens/s even at SCHED_IDLE priority.
 #   ./scripts/test.sh           the whole suite (the README's test command, CI)
-#   ./scripts/test.sh --quick   day-to-day subset: lint, module docs, unit tests, molecule default (no VM)
+#   ./scripts/test.sh --quick   day-to-day subset: lint, module docs, unit tests, molecule rollback (no VM)
 set -euo pipefail
 quick=false
 case "${1:-}" in
@@ -16,10 +16,10 @@ case "${1:-}" in
   *) echo "usage: $0 [--quick]" >&2; exit 2 ;;
 esac
 . "$(dirname "$0")/env.sh"
-# The llama.cpp build keeps the CPU variants of the machines this suite runs on (AVX2 haswell: AMD Zen 3 and the VM's
-# emulated CPU; zen4: Zen 4, and a Xeon whose AMX kernel dies; sapphirerapids: Xeon with AMX): 3 of 14, a third of
-# the compile (every variant: 1575 CPU-s of which 1358 for the variants). Operators build all of them by default.
-export LLMTUNE_LLAMA_CPP_CPU_VARIANTS=${LLMTUNE_LLAMA_CPP_CPU_VARIANTS-haswell zen4 sapphirerapids}
+# The llama.cpp build keeps the CPU variants this machine loads (`host`: the best by ggml's score, the best without
+# AMX, and haswell, which the VM's emulated CPU and AMD Zen 3 load): 2 or 3 of 14. Operators build all by default.
+# In the clean-clone run of 6bf57af, haswell + zen4 + sapphirerapids took 3813 job-s of which the variants 667.
+export LLMTUNE_LLAMA_CPP_CPU_VARIANTS=${LLMTUNE_LLAMA_CPP_CPU_VARIANTS-host}
 mkdir -p "$LLMTUNE_CACHE"
 # Phase table: wall time and the machine's busy CPU time (/proc/stat, all processes: containers and VMs too) of
 # each phase, printed at the end of every run, passed or failed.
@@ -46,8 +46,8 @@ print_phases() {
   [ -z "$vm_wall" ] || printf '%-62s %6d %8s\n' "(the VM in the background, from its start)" "$vm_wall" \
     "$(sed -n 's/^ *QEMU CPU time *\([0-9]*\)s$/\1/p' "$vm_log")"
 }
-step "controller set-up (one-off: apt packages, venv, node image)"
-"$LLMTUNE_ROOT/scripts/setup-controller.sh"
+step "controller set-up (one-off: apt packages, venv)"
+"$LLMTUNE_ROOT/scripts/setup-controller.sh" --no-image
 cd "$LLMTUNE_ROOT"
 # First, since it takes seconds: a style fault fails the run before the long builds, not after them.
 step "yamllint"; yamllint -s .
@@ -80,10 +80,16 @@ if ! $quick; then
   # first, the build's lock makes it wait instead of building twice (in the clean-clone run of 25b6e9d the build
   # took 2043 s beside the VM, whose single site.yml then waited 486 s for it). Below the VM's priority and above
   # the scenarios'.
-  step "wheelhouses: llama.cpp compile, transformers (one-off, beside the VM)"
+  # The node image (debootstrap: downloads and dpkg, mostly waiting) beside the compile; the scenarios need it later.
+  step "wheelhouses: llama.cpp compile, transformers; node image (one-off, beside the VM)"
+  image_log=$LLMTUNE_CACHE/node-image.log
+  scripts/build-node-image.sh >"$image_log" 2>&1 &
+  image_pid=$!
   nice -n -5 ansible-playbook playbooks/wheelhouse.yml -e '{"wheelhouse_engines": ["llama_cpp", "transformers"]}'
+  wait "$image_pid" || { cat "$image_log"; echo "== node image build failed"; exit 1; }
+else
+  step "node image (one-off)"; scripts/build-node-image.sh
 fi
-
 # Unit tests beside the linters: each keeps one CPU busy.
 pytest_log=$LLMTUNE_CACHE/pytest.log
 python -m pytest tests/unit -q -m "not crosscheck" >"$pytest_log" 2>&1 &
@@ -98,7 +104,9 @@ step "waiting for the unit tests$beside"
 wait "$pytest_pid" || { cat "$pytest_log"; exit 1; }
 tail -1 "$pytest_log"
 
-measured=(default)
+# --quick: the tuning roles, their drift check and rollback (about 5 minutes, no engine build); molecule default
+# (site.yml with the auto-tune stage, about 14 minutes) is the whole suite's.
+measured=(rollback)
 if ! $quick; then
   beside_vm=(llama_cpp rollback fleet)
   # Two lanes: llama_cpp (the longest, about 600 s alone) beside rollback then fleet (about 320 + 615 s alone); one
@@ -124,7 +132,7 @@ if ! $quick; then
   if [ "$vm_rc" -ne 0 ]; then cat "$vm_log"; echo "== reboot proof in a VM failed (rc $vm_rc)"; exit "$vm_rc"; fi
   # The evidence: each check table, then the phase durations.
   sed -n '/Show setting, wanted and observed/,/^$/p;/^== phase durations/,$p' "$vm_log"
-  # Every other scenario counts its figures (autotune, default, and any new one until it is listed above).
+  # Every other scenario counts its figures (default, and any new one until it is listed above).
   measured=()
   for scenario in molecule/*/; do
     scenario=$(basename "$scenario")

@@ -23,6 +23,7 @@ from ansible.errors import AnsibleValueOmittedError
 from ansible.module_utils import _internal as module_utils_internal
 from ansible.module_utils.llmtune_swap import parse_systemctl_show
 from ansible.parsing.dataloader import DataLoader
+from ansible.plugins.loader import init_plugin_loader
 from ansible.template import Templar, trust_as_template
 
 # Importing ansible's controller code marks the whole process as the controller, after which modules send their
@@ -341,6 +342,36 @@ def test_fleet_table_note_and_the_checks_of_the_fleet_scenario():
     for check in that["ansible.builtin.assert"]["that"]:
         assert condition(check, __md=text), check
     assert not condition(that["ansible.builtin.assert"]["that"][0], __md=text.replace("| ok |", "| failed |"))
+
+
+FLEET_ROW = "roles/fleet_report/tasks/main.yml"
+
+
+@pytest.fixture(scope="module")
+def plugins():
+    """ansible-core's plugin loader, for expressions that use lookups (the file lookup)."""
+    init_plugin_loader()
+
+
+@pytest.mark.parametrize("report, tuned, measured", [
+    # this run measured (the report before `reported` existed: its measurement time counts)
+    ({"result": {"started": "2026-12-02T04:36:10Z", "summary": {"decode_tokens_per_s": 10.7}}}, 10.7, ""),
+    # a re-run reused the stored validation: reported in this run, measured before it (the demo's re-run showed "-")
+    ({"reported": "2026-12-02T04:36:50Z", "reused": True,
+      "result": {"started": "2026-12-02T04:20:00Z", "summary": {"decode_tokens_per_s": 10.7}}}, 10.7, "2026-12-02T04:20:00Z"),
+    # a report left by an earlier run that stopped before validating: stale
+    ({"reported": "2026-12-02T03:10:00Z", "reused": False,
+      "result": {"started": "2026-12-02T03:09:00Z", "summary": {"decode_tokens_per_s": 9.9}}}, None, ""),
+])
+def test_fleet_row_takes_this_runs_report_even_when_it_reused_a_validation(plugins, tmp_path, report, tuned, measured):
+    (tmp_path / "fleet.json").write_text(json.dumps({"started": "2026-12-02T04:35:00Z", "hosts": {}}))
+    (tmp_path / "node.json").write_text(json.dumps(report))
+    tsk = task(FLEET_ROW, "Put the row together")
+    variables = task_vars(tsk, fleet_report_dir=str(tmp_path), inventory_hostname="node", fleet_report_failure={},
+                          fleet_report_action="", ansible_facts={}, __fleet_report_baseline={})
+    row = tsk["ansible.builtin.set_fact"]["__fleet_report_row"]
+    assert render(row["tuned"], **variables).get("decode_tokens_per_s") == tuned
+    assert render(row["tuned_measured"], **variables) == measured
 
 
 # --- molecule and the VM checks ----------------------------------------------------------------------------
