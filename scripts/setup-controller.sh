@@ -1,15 +1,7 @@
 #!/usr/bin/env bash
 # Installs what the controller needs: Debian packages for local podman nodes, the Python venv with
 # Ansible and the test tools, and the local node image. Safe to run again: each step skips when done.
-#   setup-controller.sh [--no-image]   --no-image: the caller builds the node image (scripts/build-node-image.sh)
-#                                      itself, beside other work
 set -euo pipefail
-image=true
-case "${1:-}" in
-  --no-image) image=false ;;
-  "") ;;
-  *) echo "usage: $0 [--no-image]" >&2; exit 2 ;;
-esac
 . "$(dirname "$0")/env.sh"
 
 need_apt=()
@@ -45,4 +37,4 @@ if [ ! -f "$nginx_root/usr/lib/nginx/modules/ngx_http_js_module.so" ]; then
   rm -rf "$nginx_debs"
 fi
 
-if $image; then "$LLMTUNE_ROOT/scripts/build-node-image.sh"; fi
+"$LLMTUNE_ROOT/scripts/build-node-image.sh"

@@ -46,8 +46,8 @@ print_phases() {
   [ -z "$vm_wall" ] || printf '%-62s %6d %8s\n' "(the VM in the background, from its start)" "$vm_wall" \
     "$(sed -n 's/^ *QEMU CPU time *\([0-9]*\)s$/\1/p' "$vm_log")"
 }
-step "controller set-up (one-off: apt packages, venv)"
-"$LLMTUNE_ROOT/scripts/setup-controller.sh" --no-image
+step "controller set-up (one-off: apt packages, venv, node image)"
+"$LLMTUNE_ROOT/scripts/setup-controller.sh"
 cd "$LLMTUNE_ROOT"
 # First, since it takes seconds: a style fault fails the run before the long builds, not after them.
 step "yamllint"; yamllint -s .
@@ -80,15 +80,8 @@ if ! $quick; then
   # first, the build's lock makes it wait instead of building twice (in the clean-clone run of 25b6e9d the build
   # took 2043 s beside the VM, whose single site.yml then waited 486 s for it). Below the VM's priority and above
   # the scenarios'.
-  # The node image (debootstrap: downloads and dpkg, mostly waiting) beside the compile; the scenarios need it later.
-  step "wheelhouses: llama.cpp compile, transformers; node image (one-off, beside the VM)"
-  image_log=$LLMTUNE_CACHE/node-image.log
-  scripts/build-node-image.sh >"$image_log" 2>&1 &
-  image_pid=$!
+  step "wheelhouses: llama.cpp compile, transformers (one-off, beside the VM)"
   nice -n -5 ansible-playbook playbooks/wheelhouse.yml -e '{"wheelhouse_engines": ["llama_cpp", "transformers"]}'
-  wait "$image_pid" || { cat "$image_log"; echo "== node image build failed"; exit 1; }
-else
-  step "node image (one-off)"; scripts/build-node-image.sh
 fi
 # Unit tests beside the linters: each keeps one CPU busy.
 pytest_log=$LLMTUNE_CACHE/pytest.log
