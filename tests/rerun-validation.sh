@@ -8,6 +8,7 @@ set -euo pipefail
 . "$(dirname "$0")/../scripts/env.sh"
 cd "$LLMTUNE_ROOT"
 n=${1:-10}
+[[ $n =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 [N]: N re-runs, a whole number >= 1 (got '$n')" >&2; exit 2; }
 logs=$LLMTUNE_CACHE/rerun-validation
 mkdir -p "$logs"
 report=reports/llmtune-node.json

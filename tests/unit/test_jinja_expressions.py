@@ -575,6 +575,51 @@ def test_autotune_leaves_out_candidates_above_the_latency_bounds():
     assert choose(500, 50) == (40.0, "lowest workload score of 1 measured candidates, 3 over the latency bounds")
 
 
+@pytest.mark.parametrize("margin, new_score, kept", [
+    (5, 97.0, 100.0),   # 3 % better: within the margin, the setting of the stage before stays
+    (5, 94.0, 94.0),    # 6 % better: replaces it
+    (0, 99.9, 99.9),    # no margin: the lowest score
+    (5, 100.0, 100.0),  # the kept setting is still the best: chosen, and the reason does not say kept
+])
+def test_autotune_keeps_the_earlier_setting_within_the_margin(margin, new_score, kept):
+    tsk = task("roles/autotune/tasks/choose.yml", CHOOSE)
+    row = {"tuned": True, "status": "measured", "noisy": False, "rss_mb": 900}
+    earlier = dict(row, score_ms=100.0, allocator="none")
+    rows = [earlier] + ([dict(row, score_ms=new_score, allocator="jemalloc")] if new_score != 100.0 else [])
+    resolved = task_vars(tsk, __autotune_rows=rows, __autotune_chosen=earlier, autotune_min_gain_percent=margin,
+                         autotune_memory_budget_mb=0, autotune_max_ttft_p95_ms=0, autotune_max_tpot_p95_ms=0)
+    assert render(tsk["ansible.builtin.set_fact"]["__autotune_chosen"], **resolved)["score_ms"] == kept
+    reason = render(tsk["ansible.builtin.set_fact"]["__autotune_reason"], **resolved).strip()
+    assert ("kept over" in reason) == (kept == 100.0 and new_score != 100.0)
+
+
+def test_autotune_report_shows_the_share_of_each_stage():
+    ref = {"tuned": False, "engine": "transformers", "format": "auto", "threads": None, "cpus": "", "allocator": "none",
+           "parallel": None, "continuous_batching": False, "status": "measured", "score_ms": 6000.0,
+           "decode_tokens_per_s": 5.0, "ttft_ms_p50": 1000.0, "tpot_ms_p50": 160.0, "prompt_tokens_mean": 138.0}
+    step = {"engine": "llama_cpp", "format": "bf16", "threads": 2, "cpus": "0 1", "allocator": "none",
+            "parallel": 1, "continuous_batching": None}
+    steps = [dict(step, stage="stack", score_ms=4000.0, decode_tokens_per_s=11.0),
+             dict(step, stage="threads", score_ms=4000.0, decode_tokens_per_s=11.0),
+             dict(step, stage="allocator", allocator="jemalloc", score_ms=3000.0, decode_tokens_per_s=13.0)]
+    chosen = dict(steps[-1], tuned=True, status="measured", ttft_ms_p50=900.0, roofline_percent=70.0,
+                  roofline_tokens_per_s=18.0, bandwidth_gb_s=20.0, rss_mb=1500, output_tokens_per_s=13.0)
+    result = {"chosen": chosen, "reference": ref, "rows": [ref, chosen], "steps": steps, "reason": "lowest",
+              "workload": {"prompt_tokens": 128, "output_tokens": 32, "concurrency": 1},
+              "limits": {"engines": ["transformers", "llama_cpp"]}, "score": "ms", "time_budget_s": 1800,
+              "elapsed_s": 400, "finished": "now"}
+    text = render_template_file("roles/autotune/templates/autotune.md.j2", __autotune_result=result,
+                                __autotune_baseline={"decode_tokens_per_s": 4.0, "prompt_tokens_mean": 19.0},
+                                inventory_hostname="node",
+                                cpu_topology={"model_name": "AMD EPYC"})
+    table = [line for line in text.splitlines() if line.startswith("| ") and re.match(r"x[0-9]", line.split("|")[4].strip())]
+    assert [line.split("|")[4].strip() for line in table] == ["x1.25 (decode)", "x1.5", "x1.0", "x1.33"]
+    assert table[0].split("|")[5].strip() == "4.0 → 5.0"
+    # Decode slows with the context: the OS row names both prompt lengths.
+    assert "prompts of 19.0 tokens on the untuned OS, these rows 138.0" in table[0]
+    assert "allocator jemalloc" in table[-1]
+
+
 @pytest.mark.parametrize("concurrency, parallel, slots", [
     (1, [], [1]),
     (4, [], [1, 2, 4]),
@@ -632,3 +677,33 @@ def test_autotune_keeps_a_result_while_its_inputs_hold(stored, changed):
     content = {} if stored is None else {"content": base64.b64encode(json.dumps(stored, indent=2).encode()).decode()}
     variables = task_vars(tsk, __autotune_inputs=AUTOTUNE_INPUTS, __autotune_stored=content)
     assert render(tsk["ansible.builtin.set_fact"]["__autotune_changed"], **variables) == changed
+
+
+@pytest.mark.parametrize("names, removed", [
+    ([], ["/var/cache/llmtune"]),  # absent or empty: the folder
+    (["gguf-table-" + "a" * 32 + ".json"], ["/var/cache/llmtune"]),  # only our tables: the folder
+    (["gguf-table-" + "a" * 32 + ".json", "notes.txt"], ["/var/cache/llmtune/gguf-table-" + "a" * 32 + ".json"]),
+])
+def test_rollback_removes_only_the_cached_tables(names, removed):
+    tsk = task("roles/rollback/tasks/service.yml", "Remove the tensor tables the rooflines cached")
+    found = {"files": [{"path": "/var/cache/llmtune/" + name} for name in names]}
+    variables = task_vars(tsk, rollback_cache_dir="/var/cache/llmtune", rollback_cache_content=found)
+    assert render(tsk["loop"], **variables) == removed
+
+
+GGUF_BF16 = "/opt/llmtune/models/qwen3-0.6b-proxy-bf16.gguf"
+
+
+@pytest.mark.parametrize("engine, gguf_type, model_path, deployed", [
+    ("llama_cpp", "bf16", GGUF_BF16, True),
+    ("llama_cpp", "q8_0", GGUF_BF16, False),  # another GGUF file: the main tasks convert and copy it
+    ("transformers", "bf16", GGUF_BF16, False),  # another engine
+    # A deploy that failed after the model copy: the role's model path moved on, the running service did not.
+    ("llama_cpp", "bf16", "/opt/llmtune/models/qwen3-0.6b-proxy-q8_0.gguf", False),
+])
+def test_autotune_changes_the_unit_alone_only_of_the_deployed_engine_and_file(engine, gguf_type, model_path, deployed):
+    tsk = task("roles/inference_service/tasks/unit.yml", "Check that the engine and model of this setting are deployed")
+    running = {"engine": "llama_cpp", "gguf_type": "bf16", "model_path": GGUF_BF16}
+    variables = task_vars(tsk, inference_service_running=running, inference_service_engine=engine,
+                          inference_service_gguf_type=gguf_type, __inference_service_model_path=model_path)
+    assert all(condition(that, **variables) for that in tsk["ansible.builtin.assert"]["that"]) is deployed

@@ -140,7 +140,8 @@ def test_gguf_untied_counts_one_embedding_row(tmp_path):
     assert failure is None
     # output 160 B + one embedding row 16 B + layer 64 B (f32); KV: 1 layer x (K 2 + V 2) x 1 head x 100 x 2 B (f16).
     assert result["model"] == {"parameters": 96, "stored_bytes": 384, "tied_embeddings": False,
-                               "weight_bytes_per_token": 240, "kv_bytes_per_token": 800, "bytes_per_token": 1040}
+                               "weight_bytes_per_token": 240, "kv_bytes_per_token": 800, "bytes_per_token": 1040,
+                               "table_cached": False}
 
 
 def test_gguf_tied_reads_the_embedding_in_full_and_refuses_a_dtype(tmp_path):
@@ -149,3 +150,25 @@ def test_gguf_tied_reads_the_embedding_in_full_and_refuses_a_dtype(tmp_path):
     assert (got["tied_embeddings"], got["weight_bytes_per_token"], got["kv_bytes_per_token"]) == (True, 160, 320)
     assert mb.run(params(model_path=path, dtype="float32")) == (
         {"changed": False}, "dtype must be auto for a GGUF file (it stores its own types), got float32")
+
+
+def test_gguf_table_is_cached_until_the_file_changes(tmp_path):
+    path = write_gguf(tmp_path / "m.gguf", {"token_embd.weight": (10, 4)})
+    cache = tmp_path / "cache"
+    first = mb.gguf_bytes_per_token(sys.executable, path, context_tokens=10, timeout=60, cache_dir=str(cache))
+    second = mb.gguf_bytes_per_token(sys.executable, path, context_tokens=10, timeout=60, cache_dir=str(cache))
+    assert (first.pop("table_cached"), second.pop("table_cached")) == (False, True)
+    assert first == second and len(list(cache.iterdir())) == 1
+    # Another file at the same path (a new conversion): read again, not the old table.
+    write_gguf(tmp_path / "m.gguf", {"token_embd.weight": (20, 4)})
+    third = mb.gguf_bytes_per_token(sys.executable, path, context_tokens=10, timeout=60, cache_dir=str(cache))
+    assert (third["table_cached"], third["parameters"]) == (False, 80)
+
+
+def test_gguf_table_cache_that_cannot_be_written_reads_each_time(tmp_path):
+    path = write_gguf(tmp_path / "m.gguf", {"token_embd.weight": (10, 4)})
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    for _ in range(2):
+        got = mb.gguf_bytes_per_token(sys.executable, path, context_tokens=10, timeout=60, cache_dir=str(blocker / "x"))
+        assert (got["table_cached"], got["parameters"]) == (False, 40)
