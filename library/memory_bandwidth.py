@@ -210,6 +210,7 @@ decode_upper_bound_tokens_per_s:
   sample: 14.9
 """
 
+import contextlib
 import glob
 import hashlib
 import json
@@ -376,14 +377,16 @@ def gguf_table(python, path, timeout, cache_dir=None):
             pass
     table = run_in(python, "the GGUF reader", ["-c", GGUF_TABLE, path], timeout)
     if cached:
+        part = f"{cached}.{os.getpid()}.part"
         try:
             os.makedirs(cache_dir, mode=0o755, exist_ok=True)
-            part = f"{cached}.{os.getpid()}.part"
             with open(part, "w", encoding="utf-8") as handle:
                 json.dump(table, handle)
             os.replace(part, cached)
         except OSError:
-            pass
+            # No half-written file left behind: rollback removes the folder only when it holds tables alone.
+            with contextlib.suppress(OSError):
+                os.unlink(part)
     return table, False
 
 

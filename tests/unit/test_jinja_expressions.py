@@ -707,3 +707,19 @@ def test_autotune_changes_the_unit_alone_only_of_the_deployed_engine_and_file(en
     variables = task_vars(tsk, inference_service_running=running, inference_service_engine=engine,
                           inference_service_gguf_type=gguf_type, __inference_service_model_path=model_path)
     assert all(condition(that, **variables) for that in tsk["ansible.builtin.assert"]["that"]) is deployed
+
+
+
+@pytest.mark.parametrize("stored, baseline", [
+    (None, {}),  # no baseline measured yet
+    ({"summary": {"decode_tokens_per_s": 6.93}, "levels": [{"prompt_tokens_mean": 19.0}]},
+     {"decode_tokens_per_s": 6.93, "prompt_tokens_mean": 19.0}),
+    ({"summary": {"decode_tokens_per_s": 6.93}}, {"decode_tokens_per_s": 6.93, "prompt_tokens_mean": None}),
+])
+def test_autotune_keeps_the_baseline_summary_and_its_prompt_length(stored, baseline):
+    tsk = task("roles/autotune/tasks/main.yml", "List the candidates")
+    found = {"content": base64.b64encode(json.dumps(stored).encode()).decode()} if stored else {}
+    variables = task_vars(tsk, __autotune_baseline_file=found, cpu_topology=AUTOTUNE_TOPOLOGY,
+                          autotune_allow_quantized=False, autotune_engines=["llama_cpp"], autotune_dtypes=[],
+                          autotune_gguf_types=["bf16"], autotune_concurrency=1, autotune_parallel=[], autotune_threads=[])
+    assert render(tsk["ansible.builtin.set_fact"]["__autotune_baseline"], **variables) == baseline

@@ -172,3 +172,16 @@ def test_gguf_table_cache_that_cannot_be_written_reads_each_time(tmp_path):
     for _ in range(2):
         got = mb.gguf_bytes_per_token(sys.executable, path, context_tokens=10, timeout=60, cache_dir=str(blocker / "x"))
         assert (got["table_cached"], got["parameters"]) == (False, 40)
+
+
+def test_gguf_table_cache_write_that_fails_leaves_no_part_file(tmp_path, monkeypatch):
+    path = write_gguf(tmp_path / "m.gguf", {"token_embd.weight": (10, 4)})
+    cache = tmp_path / "cache"
+
+    def full_disk(*_args, **_kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(mb.os, "replace", full_disk)
+    got = mb.gguf_bytes_per_token(sys.executable, path, context_tokens=10, timeout=60, cache_dir=str(cache))
+    assert (got["table_cached"], got["parameters"]) == (False, 40)
+    assert list(cache.iterdir()) == []
