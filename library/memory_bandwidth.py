@@ -428,7 +428,7 @@ def probe_bandwidth(python, cpus, threads, size_mb, repeats, timeout, spread_per
     median = statistics.median(last)
     spread = (max(last) - min(last)) / median * 100
     probe = {"engine": out["engine"], "cpus": sorted(cpus), "threads": threads, "bytes": out["bytes"],
-             "best_s": round(min(out["times"]), 6), "median_s": round(median, 6), "passes": len(out["times"]),
+             "best_s": round(min(out["times"]), 9), "median_s": round(median, 9), "passes": len(out["times"]),
              "spread_percent": round(spread, 2), "stable": len(last) == repeats and spread <= spread_percent}
     return round(out["bytes"] / median / 1e9, 3), probe
 

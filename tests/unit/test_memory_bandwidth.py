@@ -66,7 +66,7 @@ def test_probe_runs_pinned_and_gives_the_upper_bound(tmp_path):
     probe = result["probe"]
     assert (probe["cpus"], probe["threads"], probe["bytes"]) == ([0], 1, 16 * 2**20)
     assert probe["engine"].startswith("torch ")
-    # The figure is the median of the last `repeats` passes (median_s is rounded to the microsecond).
+    # The figure is the median of the last `repeats` passes (median_s is rounded to the nanosecond).
     assert result["bandwidth_gb_s"] == pytest.approx(probe["bytes"] / probe["median_s"] / 1e9, rel=1e-3)
     assert probe["best_s"] <= probe["median_s"]
     assert 2 <= probe["passes"] <= 40
