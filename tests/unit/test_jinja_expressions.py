@@ -646,6 +646,9 @@ AUTOTUNE_DEFAULTS = load("roles/autotune/defaults/main.yml")
     ({"autotune_max_ttft_p95_ms": -1}, ["autotune_max_ttft_p95_ms"]),
     ({"autotune_max_tpot_p95_ms": -5}, ["autotune_max_tpot_p95_ms"]),
     ({"autotune_threads": [2, 0]}, ["autotune_threads"]),
+    ({"autotune_min_gain_percent": 60}, ["autotune_min_gain_percent"]),
+    ({"autotune_min_gain_percent": -1}, ["autotune_min_gain_percent"]),
+    ({"autotune_min_gain_percent": 0}, []),
     ({"autotune_output_tokens": 1, "autotune_state_path": "var/lib/x.json"},
      ["autotune_output_tokens", "autotune_state_path"]),
 ])
