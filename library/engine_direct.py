@@ -20,6 +20,10 @@ description:
     of the process's output. The process runs in its own session, so it outlives the module; its PID is kept
     in O(pid_file), and O(state=stopped) ends it (SIGTERM to its process group, SIGKILL after O(timeout_stop)).
   - The service itself is left as it is; stop it first when both must not share the CPUs.
+  - While the service runs, the twin loads a second copy of the weights. It is started only when C(MemAvailable)
+    (C(/proc/meminfo), Documentation/filesystems/proc.rst) exceeds the service's resident memory (C(VmRSS) of its
+    C(MainPID), proc(5)) by O(memory_margin_mb); otherwise nothing starts and the task is skipped with the figures in RV(msg),
+    since a twin that pushes the host into swap or the OOM killer would measure the host, not the unit.
   - C(changed) is true when a process was started or stopped.
 version_added: "0.2.0"
 author: llmtune project
@@ -56,6 +60,12 @@ options:
       - Seconds between SIGTERM and SIGKILL when stopping.
     type: float
     default: 30
+  memory_margin_mb:
+    description:
+      - MiB of C(MemAvailable) to keep beyond the running service's C(VmRSS) (the twin's own copy of the
+        weights) before the twin may start beside the service.
+    type: int
+    default: 512
   pid_file:
     description:
       - File holding the twin's PID.
@@ -121,6 +131,15 @@ ready_s:
   description: Seconds from start until the health check answered.
   returned: state=started
   type: float
+skipped:
+  description: True when the twin was not started beside the running service for lack of memory.
+  returned: when memory is short
+  type: bool
+msg:
+  description: Why the twin was not started (the service's VmRSS, MemAvailable and the margin, in MiB).
+  returned: when memory is short
+  type: str
+  sample: "not enough memory for the twin beside the service: VmRSS 7901 MiB + margin 512 MiB > MemAvailable 6120 MiB"
 """
 
 import grp
@@ -135,7 +154,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmtune_sysfs import parse_cpu_list
 
-SHOW_PROPERTIES = ("ExecStart", "Environment", "User", "Group", "CPUAffinity", "NUMAPolicy", "NUMAMask")
+SHOW_PROPERTIES = ("ExecStart", "Environment", "User", "Group", "CPUAffinity", "NUMAPolicy", "NUMAMask", "MainPID")
 
 
 class DirectError(Exception):
@@ -188,6 +207,31 @@ def twin_spec(show, port):
     if show.get("NUMAPolicy") and show["NUMAPolicy"] not in ("default", "n/a") and show.get("NUMAMask"):
         argv = ["numactl", "--membind=" + ",".join(show["NUMAMask"].split())] + argv
     return argv, env, show.get("User") or "root", show.get("Group") or "", cpus
+
+
+def kib_field(path, name):
+    """The kB value of the line NAME: of a /proc file (/proc/meminfo, /proc/PID/status, proc(5)); None if absent."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key == name:
+                    return int(value.split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def memory_short(main_pid, margin_mb, proc="/proc"):
+    """Message when MemAvailable cannot hold the service's VmRSS again plus MARGIN_MB, else None.
+
+    No running service (MAIN_PID 0 or gone) needs no room beside it."""
+    rss = kib_field(f"{proc}/{main_pid}/status", "VmRSS") if main_pid else None
+    available = kib_field(f"{proc}/meminfo", "MemAvailable")
+    if rss is None or available is None or available >= rss + margin_mb * 1024:
+        return None
+    return (f"not enough memory for the twin beside the service: VmRSS {rss // 1024} MiB + margin {margin_mb} MiB "
+            f"> MemAvailable {available // 1024} MiB")
 
 
 def read_pid(pid_file):
@@ -289,6 +333,7 @@ ARGUMENT_SPEC = {
     "health_path": {"type": "str", "default": "/health"},
     "timeout": {"type": "float", "default": 600},
     "timeout_stop": {"type": "float", "default": 30},
+    "memory_margin_mb": {"type": "int", "default": 512},
     "pid_file": {"type": "path", "default": "/run/llmtune-engine-direct.pid"},
     "log_path": {"type": "path", "default": "/var/lib/llmtune/engine-direct.log"},
 }
@@ -300,6 +345,8 @@ def main():
     params = module.params
     if not 0 < params["port"] < 65536:
         module.fail_json(msg=f"port must be 1-65535, got {params['port']}")
+    if params["memory_margin_mb"] < 0:
+        module.fail_json(msg=f"memory_margin_mb must be >= 0, got {params['memory_margin_mb']}")
     if params["state"] == "stopped":
         running = read_pid(params["pid_file"]) is not None
         if not module.check_mode:
@@ -312,9 +359,13 @@ def main():
                                       + [f"--property={name}" for name in SHOW_PROPERTIES])
     if rc != 0:
         module.fail_json(msg=f"systemctl show {unit} failed: {err.strip()}")
+    show = parse_show(out)
     try:
         stop(params["pid_file"], params["timeout_stop"])
-        module.exit_json(changed=True, **start(params, parse_show(out)))
+        short = memory_short(int(show.get("MainPID") or 0), params["memory_margin_mb"])
+        if short:
+            module.exit_json(changed=False, skipped=True, msg=short)
+        module.exit_json(changed=True, **start(params, show))
     except (DirectError, OSError) as error:
         module.fail_json(msg=str(error))
 

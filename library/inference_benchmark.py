@@ -132,6 +132,24 @@ options:
         the levels (the wait before the first request is still meaningful).
     type: int
     default: 0
+  twin_url:
+    description:
+      - Base URL of a second server to compare with the first, request by request; meant for the same engine and
+        settings run directly, outside systemd (library/engine_direct.py). Each level then runs in rounds of as many
+        requests as its concurrency; a round's prompts go to O(url) and then to O(twin_url), the order swapped
+        every round, so both see the same prompts (two processes, neither has the other's prompt cache) and the
+        same state of the host. Warm-up requests go to both.
+      - The twin's figures are in RV(twin), and each round gives one gap between the two; RV(twin.gap_percent)
+        holds their median and range. Drift of the host between two runs (measured on a 2-vCPU VM, the same
+        engine 18 % faster or 41 % slower than itself minutes apart) cancels out of a paired gap.
+      - At a concurrency above 1 a round is a closed batch (the next round starts when its slowest request
+        ends), unlike the continuous load of a run without a twin.
+    type: str
+  twin_engine_pid:
+    description:
+      - PID of the twin's engine, counted with O(engine_pid) as engine CPU time. 0 when unknown.
+    type: int
+    default: 0
   busy_limit:
     description:
       - CPUs (in units of one CPU, for example C(0.25) for a quarter of one) that other processes may keep busy
@@ -336,7 +354,7 @@ levels:
       type: dict
       contains:
         engine:
-          description: The engine process (O(engine_pid)); null when unknown.
+          description: The engine processes (O(engine_pid) and O(twin_engine_pid)); null when one is unknown.
           type: float
         benchmark:
           description: This benchmark's own threads.
@@ -395,6 +413,36 @@ roofline:
       description: Measured decode tokens/s as a percent of the upper bound (null without a measurement).
       type: float
   sample: {upper_bound_tokens_per_s: 38.2, percent: 41.5}
+twin:
+  description: The twin's figures (O(twin_url)) and the paired gaps between the service and its twin.
+  returned: when O(twin_url) is set
+  type: dict
+  contains:
+    url:
+      description: O(twin_url).
+      type: str
+    levels:
+      description: The twin's levels, as RV(levels), each with its C(gap_percent).
+      type: list
+      elements: dict
+    summary:
+      description: The twin's RV(summary).
+      type: dict
+    gap_percent:
+      description: >-
+        Paired gaps of the level of RV(summary): per round, how many percent the service (O(url)) is slower than
+        its twin, for C(decode_tokens_per_s) (1 - service/twin, of the round's mean), C(ttft_ms) and C(e2e_ms)
+        (service/twin - 1); each as C(median), C(min) and C(max) over the rounds, and C(rounds), the rounds
+        with answers from both. Negative: the service is faster.
+      type: dict
+  sample:
+    url: http://127.0.0.1:8100
+    summary: {decode_tokens_per_s: 22.8, ttft_ms_p50: 182.0, e2e_ms_p50: 1541.0}
+    gap_percent:
+      rounds: 4
+      decode_tokens_per_s: {median: 1.2, min: -3.0, max: 4.1}
+      ttft_ms: {median: 0.8, min: -5.2, max: 6.3}
+      e2e_ms: {median: 1.1, min: -2.7, max: 4.0}
 report_path:
   description: File the result was written to.
   returned: when O(report_path) is set and the report was written
@@ -555,24 +603,29 @@ def prompt_for(params, index):
     return prompts[position] if rounds == 0 else f"({rounds + 1}) {prompts[position]}"
 
 
-def cpu_sample(engine_pid):
+def process_cpu_s(pid):
+    """utime + stime of process PID in seconds, all its threads (fields 14 and 15 of /proc/PID/stat, proc(5));
+    None when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def cpu_sample(pids):
     """CPU counters now: host busy and steal seconds (/proc/stat), engine and own CPU seconds.
 
     /proc/stat's first line sums all CPUs in clock ticks: user nice system idle iowait irq softirq steal
-    (guest time is already inside user, proc(5)). The engine's utime and stime are fields 14 and 15 of
-    /proc/PID/stat, all its threads included; None when ENGINE_PID is 0 or gone.
+    (guest time is already inside user, proc(5)). The engine's CPU time sums the processes PIDS (a
+    service and its twin); None when there are none or one is gone.
     """
     with open("/proc/stat", encoding="ascii") as handle:
         ticks = [int(x) for x in handle.readline().split()[1:9]]
     ticks += [0] * (8 - len(ticks))
-    engine = None
-    if engine_pid:
-        try:
-            with open(f"/proc/{engine_pid}/stat", encoding="ascii", errors="replace") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
-            engine = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-        except (OSError, IndexError, ValueError):
-            engine = None
+    engines = [process_cpu_s(pid) for pid in pids]
+    engine = sum(engines) if engines and None not in engines else None
     own = os.times()
     return {"wall": time.monotonic(), "busy": (sum(ticks) - ticks[3] - ticks[4] - ticks[7]) / CLOCK_TICKS,
             "steal": ticks[7], "total": sum(ticks), "engine": engine, "own": own.user + own.system}
@@ -594,16 +647,16 @@ def is_noisy(split, busy_limit):
     return split["other"] > busy_limit or split["steal_percent"] > STEAL_LIMIT_PERCENT
 
 
-def settle(engine_pid, busy_limit, timeout):
+def settle(pids, busy_limit, timeout):
     """Wait (2-second windows, at most TIMEOUT s) until other processes use at most BUSY_LIMIT CPUs.
 
     Returns (split of the last window, seconds waited).
     """
     start = time.monotonic()
     while True:
-        before = cpu_sample(engine_pid)
+        before = cpu_sample(pids)
         time.sleep(SETTLE_WINDOW_S)
-        split = cpu_split(before, cpu_sample(engine_pid))
+        split = cpu_split(before, cpu_sample(pids))
         waited = time.monotonic() - start
         if not is_noisy(split, busy_limit) or waited >= timeout:
             return split, round(waited, 1)
@@ -739,15 +792,72 @@ def _mean_of(results, key):
     return round(statistics.fmean(values), 1) if values else None
 
 
+def engine_pids(params):
+    """The engine processes of a run: the service's and its twin's, those known."""
+    return [pid for pid in (params["engine_pid"], params["twin_engine_pid"]) if pid]
+
+
 def run_level(url, model, params, concurrency, first_index):
     """Run params["requests"] requests with CONCURRENCY in flight, prompts from FIRST_INDEX on; the level's figures."""
     jobs = [prompt_for(params, first_index + i) for i in range(params["requests"])]
-    cpu_before = cpu_sample(params["engine_pid"])
+    cpu_before = cpu_sample(engine_pids(params))
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         results = list(pool.map(lambda prompt: _attempt(url, model, prompt, params), jobs))
     wall = time.perf_counter() - start
-    cpu = cpu_split(cpu_before, cpu_sample(params["engine_pid"]))
+    return level_figures(results, wall, cpu_split(cpu_before, cpu_sample(engine_pids(params))), concurrency, params)
+
+
+def run_paired_level(urls, model, params, concurrency, first_index):
+    """The level of run_level on two servers URLS (service, twin) in rounds of CONCURRENCY requests, each round's
+    prompts sent to one and then the other, the first swapped every round. Returns (service level, twin level);
+    the twin level carries the paired gaps (see RV(twin.gap_percent))."""
+    jobs = [prompt_for(params, first_index + i) for i in range(params["requests"])]
+    results, walls, gaps = ([], []), [0.0, 0.0], []
+    cpu_before = cpu_sample(engine_pids(params))
+    with ThreadPoolExecutor(max_workers=concurrency) as pool:
+        for number, start_at in enumerate(range(0, len(jobs), concurrency)):
+            batch, answers = jobs[start_at:start_at + concurrency], [None, None]
+            for which in ((0, 1) if number % 2 == 0 else (1, 0)):
+                start = time.perf_counter()
+                answers[which] = list(pool.map(lambda prompt, w=which: _attempt(urls[w], model, prompt, params), batch))
+                walls[which] += time.perf_counter() - start
+                results[which].extend(answers[which])
+            gaps.append(round_gap(*answers))
+    cpu = cpu_split(cpu_before, cpu_sample(engine_pids(params)))
+    service, twin = (level_figures(results[i], walls[i], cpu, concurrency, params) for i in (0, 1))
+    twin["gap_percent"] = gap_spread(gaps)
+    return service, twin
+
+
+def round_gap(service, twin):
+    """Percent the SERVICE's answers of one round are slower than the TWIN's (decode: 1 - service/twin of the mean
+    tokens/s; ttft_ms, e2e_ms: service/twin - 1 of the means); a figure either side lacks is None."""
+    gap = {}
+    for figure in ("decode_tokens_per_s", "ttft_ms", "e2e_ms"):
+        mine, theirs = (statistics.fmean(values) if values else None
+                        for values in ([r[figure] for r in side if r.get(figure) is not None] for side in (service, twin)))
+        if not (mine and theirs):
+            gap[figure] = None
+        elif figure == "decode_tokens_per_s":
+            gap[figure] = 100.0 * (1 - mine / theirs)
+        else:
+            gap[figure] = 100.0 * (mine / theirs - 1)
+    return gap
+
+
+def gap_spread(gaps):
+    """Median, min and max of each figure's round gaps (None without any), and the rounds with a decode gap."""
+    out = {"rounds": sum(1 for gap in gaps if gap["decode_tokens_per_s"] is not None)}
+    for figure in ("decode_tokens_per_s", "ttft_ms", "e2e_ms"):
+        values = [gap[figure] for gap in gaps if gap[figure] is not None]
+        out[figure] = {"median": round(statistics.median(values), 1), "min": round(min(values), 1),
+                       "max": round(max(values), 1)} if values else None
+    return out
+
+
+def level_figures(results, wall, cpu, concurrency, params):
+    """The figures of one level from its request RESULTS, its WALL seconds and the CPU split during it."""
     ok = [r for r in results if "error" not in r]
     rates = [r["decode_tokens_per_s"] for r in ok if "decode_tokens_per_s" in r]
     output_tokens = sum(r["output_tokens"] for r in ok)
@@ -817,8 +927,10 @@ def check_options(params):
         return "prompts must not be empty"
     if params["max_tokens"] < 1 or params["requests"] < 1 or params["warmup"] < 0 or params["timeout"] <= 0:
         return "max_tokens and requests must be >= 1, warmup >= 0 and timeout > 0"
-    if params["engine_pid"] < 0 or params["busy_limit"] < 0 or params["settle_timeout"] < 0:
-        return "engine_pid, busy_limit and settle_timeout must be >= 0"
+    if min(params["engine_pid"], params["twin_engine_pid"], params["busy_limit"], params["settle_timeout"]) < 0:
+        return "engine_pid, twin_engine_pid, busy_limit and settle_timeout must be >= 0"
+    if params["twin_url"] is not None and params["twin_url"].rstrip("/") == params["url"].rstrip("/"):
+        return "twin_url must be another server than url"
     if not params["concurrency"] or min(params["concurrency"]) < 1:
         return "concurrency must be a non-empty list of integers >= 1"
     if params["fail_below"]:
@@ -900,10 +1012,12 @@ def run(params, check_mode=False):
     url = params["url"].rstrip("/")
     try:
         _endpoint(url)
+        if params["twin_url"]:
+            _endpoint(params["twin_url"])
         model = params["model"] or first_model(url, params["api_key"], params["timeout"])
     except BenchmarkError as error:
         return result, str(error), warnings
-    before, waited = settle(params["engine_pid"], params["busy_limit"], params["settle_timeout"])
+    before, waited = settle(engine_pids(params), params["busy_limit"], params["settle_timeout"])
     result.update(url=url, model=model, max_tokens=params["max_tokens"], prompt_tokens=params["prompt_tokens"],
                   ignore_eos=params["ignore_eos"], percentile_method=PERCENTILE_METHOD,
                   started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -913,11 +1027,18 @@ def run(params, check_mode=False):
     if is_noisy(before, params["busy_limit"]):
         warnings.append(f"other processes kept {before['other']} CPUs busy (steal {before['steal_percent']} %) "
                         f"after waiting {waited} s: figures taken now are not comparable")
+    twin_url = params["twin_url"].rstrip("/") if params["twin_url"] else None
     for i in range(params["warmup"]):
-        _attempt(url, model, prompt_for(params, i), params)
-    levels, index = [], params["warmup"]
+        for target in filter(None, (url, twin_url)):
+            _attempt(target, model, prompt_for(params, i), params)
+    levels, twin_levels, index = [], [], params["warmup"]
     for concurrency in params["concurrency"]:
-        levels.append(run_level(url, model, params, concurrency, index))
+        if twin_url:
+            service, twin = run_paired_level((url, twin_url), model, params, concurrency, index)
+            levels.append(service)
+            twin_levels.append(twin)
+        else:
+            levels.append(run_level(url, model, params, concurrency, index))
         index += params["requests"]
     result["host_load"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     result["noisy"] = any(level["noisy"] for level in levels)
@@ -932,14 +1053,20 @@ def run(params, check_mode=False):
     result["token_count_source"] = sources.pop() if len(sources) == 1 else ("mixed" if sources else None)
     result["levels"] = levels
     result["summary"] = summarize(min(levels, key=lambda level: level["concurrency"]))
+    if twin_url:
+        for level in twin_levels:
+            level.pop("token_sources")
+        first = min(twin_levels, key=lambda level: level["concurrency"])
+        result["twin"] = {"url": twin_url, "levels": twin_levels, "summary": summarize(first),
+                          "gap_percent": first["gap_percent"]}
     result["gain"] = gains(result["summary"], params["baseline"]) if params["baseline"] else {}
     if params["decode_upper_bound"]:
         result["roofline"] = roofline(result["summary"]["decode_tokens_per_s"], params["decode_upper_bound"])
     failure = None
-    for level in levels:
+    for target, level in [(url, level) for level in levels] + [(twin_url, level) for level in twin_levels]:
         if level["errors"] == level["requests"]:
             failure = failure or (f"all {level['requests']} requests at concurrency {level['concurrency']} to "
-                                  f"{url} failed: {level['error_messages'][0]}")
+                                  f"{target} failed: {level['error_messages'][0]}")
         elif level["errors"]:
             warnings.append(f"{level['errors']} of {level['requests']} requests at concurrency "
                             f"{level['concurrency']} failed: {level['error_messages'][0]}")
@@ -969,6 +1096,8 @@ ARGUMENT_SPEC = {
     "warmup": {"type": "int", "default": 1},
     "timeout": {"type": "float", "default": 120},
     "engine_pid": {"type": "int", "default": 0},
+    "twin_url": {"type": "str"},
+    "twin_engine_pid": {"type": "int", "default": 0},
     "busy_limit": {"type": "float", "default": 0.25},
     "settle_timeout": {"type": "float", "default": 60},
     "include_usage": {"type": "bool", "default": True},

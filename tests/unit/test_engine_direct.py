@@ -86,3 +86,22 @@ def test_a_twin_that_exits_fails_with_its_output(tmp_path):
     with pytest.raises(ed.DirectError) as error:
         ed.start(params, unit)
     assert str(error.value) == "the twin exited with status 3: no model here"
+
+
+@pytest.mark.parametrize("margin_mb, short", [
+    (0, None),
+    # MemAvailable 24191764 kB against VmRSS 8712 kB + the margin: room up to a margin of 23616 MiB.
+    (23616, None),
+    (23617, "not enough memory for the twin beside the service: VmRSS 8 MiB + margin 23617 MiB > MemAvailable "
+            "23624 MiB"),
+])
+def test_the_twin_needs_room_for_a_second_copy_beside_the_service(tmp_path, margin_mb, short):
+    """Real captures: a Python process's /proc/PID/status and this 24 GiB machine's /proc/meminfo."""
+    (tmp_path / "4242").mkdir()
+    for source, target in (("jinja/proc-status", "4242/status"), ("proc/meminfo-debian12-24g", "meminfo")):
+        with open(os.path.join(FIXTURES, source), encoding="ascii") as handle:
+            (tmp_path / target).write_text(handle.read())
+    assert ed.memory_short(4242, margin_mb, proc=str(tmp_path)) == short
+    # No running service (MainPID 0, or a process that is gone): nothing to keep room for.
+    assert ed.memory_short(0, 10 ** 6, proc=str(tmp_path)) is None
+    assert ed.memory_short(4343, 10 ** 6, proc=str(tmp_path)) is None

@@ -199,7 +199,7 @@ class TimingRelay:
             upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
             for sock in (client, upstream):  # forward each SSE event at once, as the server itself does
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            record = {"request_at": None, "chunks": [], "sent": b""}
+            record = {"accepted_at": time.time(), "request_at": None, "chunks": [], "sent": b""}
             self.connections.append(record)
             for pump, args in ((self._requests, (client, upstream, record)),
                                (self._responses, (upstream, client, record))):
@@ -443,3 +443,74 @@ def test_roofline_percent():
 def test_bad_synthetic_and_roofline_options(options, message):
     result, failure, _ = bench.run(params(model="m", **options))
     assert (failure, "levels" in result) == (message, False)
+
+
+def test_paired_run_sends_each_round_to_both_in_swapped_order(inference_server, model_id):
+    """A twin run: each request's prompt goes to the service and to its twin, the first swapped every round; the
+    paired gaps are those of the module's own samples, round by round."""
+    upstream = int(inference_server.rsplit(":", 1)[1])
+    service, twin = TimingRelay(upstream), TimingRelay(upstream)
+    try:
+        result, failure, _ = bench.run(params(url=f"http://127.0.0.1:{service.port}", model=model_id, warmup=1,
+                                              requests=4, max_tokens=8,
+                                              twin_url=f"http://127.0.0.1:{twin.port}/v1",
+                                              engine_pid=engine_pid(inference_server)))
+    finally:
+        service.close()
+        twin.close()
+    assert failure is None
+    assert [sent_prompt(r) for r in service.connections] == [sent_prompt(r) for r in twin.connections] == \
+        [bench.prompt_for(params(), i) for i in range(5)]
+    # Warm-up to the service first, then rounds 1-4: service first, twin first, service first, twin first.
+    firsts = ["service" if s["accepted_at"] < t["accepted_at"] else "twin"
+              for s, t in zip(service.connections, twin.connections)]
+    assert firsts == ["service", "service", "twin", "service", "twin"]
+    assert result["twin"]["url"] == f"http://127.0.0.1:{twin.port}/v1"
+    mine, theirs = result["levels"][0]["samples"], result["twin"]["levels"][0]["samples"]
+    assert len(mine) == len(theirs) == 4
+    decode = [100 * (1 - m["decode_tokens_per_s"] / t["decode_tokens_per_s"]) for m, t in zip(mine, theirs)]
+    e2e = [100 * (m["e2e_ms"] / t["e2e_ms"] - 1) for m, t in zip(mine, theirs)]
+    gap = result["twin"]["gap_percent"]
+    assert gap["rounds"] == 4
+    # Samples are rounded to the microsecond: the recomputed gaps agree to 0.1 percentage point.
+    assert gap["decode_tokens_per_s"]["median"] == pytest.approx(statistics.median(decode), abs=0.1)
+    assert gap["decode_tokens_per_s"]["min"] == pytest.approx(min(decode), abs=0.1)
+    assert gap["e2e_ms"]["max"] == pytest.approx(max(e2e), abs=0.1)
+    assert result["twin"]["summary"]["decode_tokens_per_s"] == result["twin"]["levels"][0]["decode_tokens_per_s"]["p50"]
+    # Both engines are one process here; its CPU time is the engine's, not noise.
+    assert result["levels"][0]["cpu"]["engine"] > 0.05
+
+
+def test_round_gaps_and_their_spread():
+    service = [{"decode_tokens_per_s": 18.0, "ttft_ms": 110.0, "e2e_ms": 1100.0},
+               {"decode_tokens_per_s": 22.0, "ttft_ms": 90.0, "e2e_ms": 1000.0}]
+    twin = [{"decode_tokens_per_s": 25.0, "ttft_ms": 100.0, "e2e_ms": 1000.0}, {"error": "HTTP 500"}]
+    gap = bench.round_gap(service, twin)
+    assert gap == {"decode_tokens_per_s": pytest.approx(20.0), "ttft_ms": pytest.approx(0.0),
+                   "e2e_ms": pytest.approx(5.0)}
+    assert bench.round_gap(service, [{"error": "timeout"}]) == {"decode_tokens_per_s": None, "ttft_ms": None,
+                                                                "e2e_ms": None}
+    spread = bench.gap_spread([gap, {"decode_tokens_per_s": -4.0, "ttft_ms": None, "e2e_ms": -2.0},
+                               {"decode_tokens_per_s": 2.04, "ttft_ms": 3.0, "e2e_ms": 1.0},
+                               {"decode_tokens_per_s": None, "ttft_ms": None, "e2e_ms": None}])
+    assert spread == {"rounds": 3, "decode_tokens_per_s": {"median": 2.0, "min": -4.0, "max": 20.0},
+                      "ttft_ms": {"median": 1.5, "min": 0.0, "max": 3.0},
+                      "e2e_ms": {"median": 1.0, "min": -2.0, "max": 5.0}}
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"twin_url": "http://127.0.0.1:8000/"}, "twin_url must be another server than url"),
+    ({"twin_engine_pid": -1}, "engine_pid, twin_engine_pid, busy_limit and settle_timeout must be >= 0"),
+])
+def test_bad_twin_options(options, message):
+    assert bench.run(params(model="m", **options))[1] == message
+
+
+def test_a_twin_that_answers_nothing_fails_the_run(inference_server, model_id):
+    twin_url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    result, failure, _ = bench.run(params(url=inference_server, model=model_id, requests=2, max_tokens=4,
+                                          twin_url=twin_url))
+    assert result["levels"][0]["errors"] == 0
+    assert result["twin"]["gap_percent"]["rounds"] == 0
+    assert failure == (f"all 2 requests at concurrency 1 to {twin_url} failed: "
+                       "ConnectionRefusedError: [Errno 111] Connection refused")
