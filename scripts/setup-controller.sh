@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # Installs what the controller needs: Debian packages for local podman nodes, the Python venv with
 # Ansible and the test tools, and the local node image. Safe to run again: each step skips when done.
+#   scripts/setup-controller.sh [--no-image]   --no-image: all but the node image (scripts/build-node-image.sh)
 set -euo pipefail
+image=true
+case "${1:-}" in
+  --no-image) image=false ;;
+  "") ;;
+  *) echo "usage: $0 [--no-image]" >&2; exit 2 ;;
+esac
 . "$(dirname "$0")/env.sh"
 
 need_apt=()
@@ -37,4 +44,4 @@ if [ ! -f "$nginx_root/usr/lib/nginx/modules/ngx_http_js_module.so" ]; then
   rm -rf "$nginx_debs"
 fi
 
-"$LLMTUNE_ROOT/scripts/build-node-image.sh"
+! $image || "$LLMTUNE_ROOT/scripts/build-node-image.sh"
