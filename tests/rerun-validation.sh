@@ -2,7 +2,8 @@
 # Does the validation flap, and does it catch a regression? On the local node of ./scripts/demo.sh: N re-runs of
 # site.yml that each measure the validation again (benchmark_revalidate=true) must all pass; then a deliberately worse
 # stack (transformers pinned to one thread on one CPU) must fail the host; a last plain run puts the measured stack
-# back and must pass. One line per run: rc, TTFT p50 and decode tokens/s against the stored untuned baseline, gain.
+# back and must pass. One line per run: rc, TTFT p50 and decode tokens/s against the stored untuned baseline, gain,
+# and the service's paired gap to its direct-run twin (median and range of the rounds, decode and end to end).
 #   tests/rerun-validation.sh [N]     N re-runs (default 10), then the worse stack and the restore
 set -euo pipefail
 . "$(dirname "$0")/../scripts/env.sh"
@@ -24,10 +25,16 @@ import json, re, sys
 log = open(sys.argv[2], encoding="utf-8", errors="replace").read()
 failed = re.search(r"below\s+baseline:.*?<\s*[\d.]+", log, re.S)
 try:
-    result = json.load(open(sys.argv[1], encoding="utf-8"))["result"]
+    report = json.load(open(sys.argv[1], encoding="utf-8"))
+    result, twin = report["result"], report.get("direct_twin") or {}
     s, g = result["summary"], result.get("gain", {})
-    print("TTFT p50 %.1f ms, decode %.2f tokens/s, gain %s, measured %s%s" % (
-        s["ttft_ms_p50"], s["decode_tokens_per_s"], g.get("decode_tokens_per_s", "-"), result.get("started", "?"),
+    r = twin.get("rounds") or {}
+    gap = ("twin gap decode %s %% (%s..%s), e2e %s %% (%s..%s)" % (
+        r["decode_tokens_per_s"]["median"], r["decode_tokens_per_s"]["min"], r["decode_tokens_per_s"]["max"],
+        r["e2e_ms"]["median"], r["e2e_ms"]["min"], r["e2e_ms"]["max"]) if r else
+        "twin %s" % twin.get("skipped", "none"))
+    print("TTFT p50 %.1f ms, decode %.2f tokens/s, gain %s, %s, measured %s%s" % (
+        s["ttft_ms_p50"], s["decode_tokens_per_s"], g.get("decode_tokens_per_s", "-"), gap, result.get("started", "?"),
         ("; " + " ".join(failed.group(0).split())) if failed else ""))
 except (OSError, KeyError, ValueError) as error:
     print("no report (%s)%s" % (error, ("; " + " ".join(failed.group(0).split())) if failed else ""))
