@@ -20,10 +20,14 @@ description:
     undercounts when one delta carries several tokens. RV(token_count_source) says which was used.
   - Runs C(warmup) unrecorded requests first, then C(requests) requests at each level of C(concurrency).
   - Every request of a run (warm-up included) sends its own prompt, so no request is a prompt-cache hit of
-    another (llama.cpp reuses the longest common token prefix of a slot's previous prompt). Request N of a run
-    gets prompt N of the same sequence in every run, so runs are comparable. O(prompts) are used in order; a
-    prompt sent a second time is prefixed with its round number, C((2) ). A synthetic prompt
+    another (llama.cpp reuses the longest common token prefix of a slot's previous prompt). O(prompts) are used in
+    order; a prompt sent a second time is prefixed with its round number, C((2) ). A synthetic prompt
     (O(prompt_tokens)) is a different order of its words per request, starting with a different word.
+  - Nor is any request a cache hit of an earlier run, though a server keeps its prompt cache between runs (measured, a
+    llama.cpp server that had run the same sequence before reused 18 of 19 prompt tokens per request, TTFT
+    51-69 ms against 180 ms). Each run draws a O(prompt_seed), which puts two words of its own before each
+    O(prompts) entry (C([time year] ...), a few tokens) or orders a synthetic prompt's words differently (same
+    length). The same seed gives the same prompts, so RV(prompt_seed) repeats a run.
   - Where the engine reports how many prompt tokens it evaluated (llama.cpp's server sends C(timings.prompt_n)
     and C(timings.cache_n) with the last event of a stream, C(tools/server/README.md)), RV(levels[].prompt_tokens_evaluated_mean)
     and RV(levels[].prompt_tokens_cached_mean) show them. Every request of every client shares the chat
@@ -66,6 +70,11 @@ options:
         Chinese and half in English, as users ask a small chat model.
     type: list
     elements: str
+  prompt_seed:
+    description:
+      - Seed of this run's prompts (see the description); default a new random one per run, so no two runs send
+        the same prompts. 0 sends O(prompts) untagged and synthetic prompts in their base order.
+    type: int
   prompt_tokens:
     description:
       - Send one fixed-length synthetic prompt instead of O(prompts), for runs comparable across hosts and
@@ -266,6 +275,10 @@ ignore_eos:
   description: O(ignore_eos).
   returned: success
   type: bool
+prompt_seed:
+  description: The run's O(prompt_seed), drawn when not given; pass it to send the same prompts again.
+  returned: success
+  type: int
 started:
   description: UTC start time of the run, ISO 8601.
   returned: success
@@ -578,29 +591,38 @@ def percentiles(values, points):
     return {f"p{p}": round(cuts[p - 1], 3) for p in points}
 
 
-def synthetic_prompt(tokens, index=0):
-    """Prompt INDEX of TOKENS words from SYNTHETIC_WORDS (TOKENS tokens for the Qwen tokenizer).
+def synthetic_prompt(tokens, index=0, seed=0):
+    """Prompt INDEX of a run with prompt seed SEED: TOKENS words from SYNTHETIC_WORDS (TOKENS tokens for the Qwen
+    tokenizer).
 
-    Index 0 cycles through the words in order; any other index is a shuffled order (seeded by INDEX, so the
-    same in every run) that starts with word INDEX modulo the word count, so two indexes below that count
-    share no first token.
+    Index 0 with seed 0 cycles through the words in order; any other is a shuffled order (seeded by SEED and
+    INDEX, so the same for the same pair) that starts with word SEED + INDEX modulo the word count, so two
+    indexes of a run below that count share no first token.
     """
     words = list(SYNTHETIC_WORDS)
-    if index:
-        first = SYNTHETIC_WORDS[index % len(SYNTHETIC_WORDS)]
-        random.Random(index).shuffle(words)
+    if index or seed:
+        first = SYNTHETIC_WORDS[(seed + index) % len(SYNTHETIC_WORDS)]
+        random.Random(f"{seed}:{index}").shuffle(words)
         words.remove(first)
         words.insert(0, first)
     return " ".join(words[i % len(words)] for i in range(tokens))
 
 
+def run_tag(seed):
+    """Two words naming prompt seed SEED, put before each built-in or operator prompt of its run ('' for 0)."""
+    count = len(SYNTHETIC_WORDS)
+    return f"{SYNTHETIC_WORDS[seed % count]} {SYNTHETIC_WORDS[seed // count % count]}" if seed else ""
+
+
 def prompt_for(params, index):
     """User message of request INDEX of a run (warm-up requests first): a prompt of its own (see DOCUMENTATION)."""
+    seed = params.get("prompt_seed") or 0
     if params["prompt_tokens"]:
-        return synthetic_prompt(params["prompt_tokens"], index)
+        return synthetic_prompt(params["prompt_tokens"], index, seed)
     prompts = params["prompts"]
     rounds, position = divmod(index, len(prompts))
-    return prompts[position] if rounds == 0 else f"({rounds + 1}) {prompts[position]}"
+    text = prompts[position] if rounds == 0 else f"({rounds + 1}) {prompts[position]}"
+    return f"[{run_tag(seed)}] {text}" if seed else text
 
 
 def process_cpu_s(pid):
@@ -921,6 +943,8 @@ def check_options(params):
         return "prompts and prompt_tokens are mutually exclusive"
     if params["prompt_tokens"] is not None and params["prompt_tokens"] < 1:
         return "prompt_tokens must be >= 1"
+    if params["prompt_seed"] is not None and params["prompt_seed"] < 0:
+        return "prompt_seed must be >= 0"
     if params["decode_upper_bound"] is not None and params["decode_upper_bound"] <= 0:
         return "decode_upper_bound must be > 0 tokens/s"
     if params["prompts"] == []:
@@ -1006,7 +1030,8 @@ def run(params, check_mode=False):
     problem = check_options(params)
     if problem:
         return result, problem, warnings
-    params = dict(params, prompts=params["prompts"] or DEFAULT_PROMPTS)
+    seed = params["prompt_seed"] if params["prompt_seed"] is not None else random.SystemRandom().randrange(1, 2 ** 31)
+    params = dict(params, prompts=params["prompts"] or DEFAULT_PROMPTS, prompt_seed=seed)
     if check_mode:
         return dict(result, skipped=True, msg="check mode: no request sent"), None, warnings
     url = params["url"].rstrip("/")
@@ -1019,6 +1044,7 @@ def run(params, check_mode=False):
         return result, str(error), warnings
     before, waited = settle(engine_pids(params), params["busy_limit"], params["settle_timeout"])
     result.update(url=url, model=model, max_tokens=params["max_tokens"], prompt_tokens=params["prompt_tokens"],
+                  prompt_seed=seed,
                   ignore_eos=params["ignore_eos"], percentile_method=PERCENTILE_METHOD,
                   started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   host_load={"cpus": os.cpu_count() or 1, "loadavg_before": [round(x, 2) for x in os.getloadavg()],
@@ -1087,6 +1113,7 @@ ARGUMENT_SPEC = {
     "api_key": {"type": "str", "no_log": True},
     "prompts": {"type": "list", "elements": "str"},
     "prompt_tokens": {"type": "int"},
+    "prompt_seed": {"type": "int"},
     "max_tokens": {"type": "int", "default": 64},
     "ignore_eos": {"type": "bool", "default": False},
     "server": {"type": "str", "default": "transformers", "choices": ["transformers", "llama_cpp"]},

@@ -72,8 +72,10 @@ def test_result_shape_and_real_values(run_1_2, inference_server, model_id, tiny_
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_proxy_dir)
     # Level 1 follows the warm-up request (prompt 0): prompts 1 to 3, the last one a second round of PROMPTS[0].
-    sent = [bench.prompt_for(params(), i) for i in (1, 2, 3)]
-    assert sent == [PROMPTS[1], PROMPTS[2], "(2) " + PROMPTS[0]]
+    # Tagged with the run's own prompt seed: no prompt of an earlier run.
+    sent = [bench.prompt_for(params(prompt_seed=result["prompt_seed"]), i) for i in (1, 2, 3)]
+    tag = "[" + bench.run_tag(result["prompt_seed"]) + "] "
+    assert sent == [tag + PROMPTS[1], tag + PROMPTS[2], tag + "(2) " + PROMPTS[0]]
     lengths = [len(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                                  return_dict=True)["input_ids"]) for p in sent]
     assert result["levels"][0]["prompt_tokens_mean"] == round(statistics.fmean(lengths), 1)
@@ -318,13 +320,14 @@ def test_every_request_of_a_run_sends_its_own_prompt(inference_server, model_id,
     assert failure is None
     sent = sorted(sent_prompt(record) for record in relay.connections)
     assert len(sent) == 8 and len(set(sent)) == 8
-    assert sent == sorted(bench.prompt_for(params(**workload), i) for i in range(8))
+    seed = result["prompt_seed"]
+    assert sent == sorted(bench.prompt_for(params(prompt_seed=seed, **workload), i) for i in range(8))
     if workload.get("prompt_tokens"):
         # Synthetic prompts do not even share their first word.
         assert len({prompt.split()[0] for prompt in sent}) == 8
-    # The same sequence in every run, so that runs compare like with like.
-    assert [bench.prompt_for(params(**workload), i) for i in range(8)] == \
-        [bench.prompt_for(params(**workload), i) for i in range(8)]
+    # The same seed gives the same sequence: a run can be repeated.
+    assert [bench.prompt_for(params(prompt_seed=seed, **workload), i) for i in range(8)] == \
+        [bench.prompt_for(params(prompt_seed=seed, **workload), i) for i in range(8)]
 
 
 @pytest.mark.parametrize("cached, evaluated, hit", [
@@ -460,7 +463,7 @@ def test_paired_run_sends_each_round_to_both_in_swapped_order(inference_server, 
         twin.close()
     assert failure is None
     assert [sent_prompt(r) for r in service.connections] == [sent_prompt(r) for r in twin.connections] == \
-        [bench.prompt_for(params(), i) for i in range(5)]
+        [bench.prompt_for(params(prompt_seed=result["prompt_seed"]), i) for i in range(5)]
     # Warm-up to the service first, then rounds 1-4: service first, twin first, service first, twin first.
     firsts = ["service" if s["accepted_at"] < t["accepted_at"] else "twin"
               for s, t in zip(service.connections, twin.connections)]
@@ -514,3 +517,37 @@ def test_a_twin_that_answers_nothing_fails_the_run(inference_server, model_id):
     assert result["twin"]["gap_percent"]["rounds"] == 0
     assert failure == (f"all 2 requests at concurrency 1 to {twin_url} failed: "
                        "ConnectionRefusedError: [Errno 111] Connection refused")
+
+
+@pytest.mark.parametrize("workload", [{"prompts": PROMPTS}, {"prompts": None, "prompt_tokens": 24}])
+def test_no_prompt_of_a_run_was_sent_by_an_earlier_run(inference_server, model_id, workload):
+    """A server keeps its prompt cache between runs: a llama.cpp server that had run the same prompt sequence
+    before reused 18 of 19 prompt tokens of each request (TTFT 51-69 ms against 180 ms on a fresh one). Two runs
+    against the same server share no prompt beyond a first word or the tag's bracket."""
+    runs = []
+    for _ in range(2):
+        relay = TimingRelay(int(inference_server.rsplit(":", 1)[1]))
+        try:
+            result, failure, _ = bench.run(params(url=f"http://127.0.0.1:{relay.port}", model=model_id, max_tokens=2,
+                                                  warmup=1, requests=3, **workload))
+        finally:
+            relay.close()
+        assert failure is None
+        runs.append((result["prompt_seed"], [sent_prompt(record) for record in relay.connections]))
+    (seed1, first), (seed2, second) = runs
+    assert seed1 != seed2 and len(first) == len(second) == 4
+    for old in first:
+        for new in second:
+            assert len(os.path.commonprefix([old.split(), new.split()])) <= 1, (old, new)
+    if workload.get("prompt_tokens"):
+        # Still exactly that many words, each one Qwen token.
+        assert {len(prompt.split()) for prompt in first + second} == {24}
+
+
+@pytest.mark.parametrize("seed, prompt", [
+    (0, PROMPTS[1]),
+    (1, "[year time] " + PROMPTS[1]),
+    (len(bench.SYNTHETIC_WORDS) + 2, "[people year] " + PROMPTS[1]),
+])
+def test_the_run_tag_names_the_seed(seed, prompt):
+    assert bench.prompt_for(params(prompt_seed=seed), 1) == prompt

@@ -84,6 +84,15 @@ def task_vars(tsk, **variables):
     return resolved
 
 
+def render_tree(node, **variables):
+    """A task value of nested dicts and lists, each string rendered (as a task's arguments are)."""
+    if isinstance(node, dict):
+        return {key: render_tree(value, **variables) for key, value in node.items()}
+    if isinstance(node, list):
+        return [render_tree(value, **variables) for value in node]
+    return render(node, **variables) if isinstance(node, str) else node
+
+
 def condition(expr, **variables):
     with controller():
         return Templar(loader=DataLoader(), variables=variables).evaluate_conditional(trust_as_template(expr))
@@ -726,3 +735,54 @@ def test_autotune_keeps_the_baseline_summary_and_its_prompt_length(stored, basel
                           autotune_allow_quantized=False, autotune_engines=["llama_cpp"], autotune_dtypes=[],
                           autotune_gguf_types=["bf16"], autotune_concurrency=1, autotune_parallel=[], autotune_threads=[])
     assert render(tsk["ansible.builtin.set_fact"]["__autotune_baseline"], **variables) == baseline
+
+
+# --- roles/benchmark: the paired comparison with the direct-run twin ---------------------------------------------
+
+TWIN = "roles/benchmark/tasks/twin.yml"
+# The figures report.txt.j2 prints of a validation (the demo's, fresh machine).
+VALIDATION = {"noisy": False, "host_load": {"other_cpus_before": 0.05, "loadavg_before": [1.2], "loadavg_after": [1.38]},
+              "summary": {"ttft_ms_p50": 179.808, "ttft_ms_p95": 217.655, "tpot_ms_p50": 52.308,
+                          "decode_tokens_per_s": 19.124, "e2e_ms_p50": 1787.275, "errors": 0}}
+
+
+@pytest.mark.parametrize("decode, e2e, within", [
+    # The demo's validation (fresh machine): the service 2.5 % faster in decode, 0.6 % end to end.
+    (-2.5, -0.6, True),
+    (5.0, 4.9, True),
+    (5.1, 0.0, False),
+    (0.0, 5.1, False),
+])
+def test_twin_row_takes_the_medians_of_the_paired_rounds(decode, e2e, within):
+    gap = {"rounds": 4, "decode_tokens_per_s": {"median": decode, "min": -6.8, "max": 6.0},
+           "ttft_ms": {"median": 1.0, "min": -2.0, "max": 3.0}, "e2e_ms": {"median": e2e, "min": -6.5, "max": 6.0}}
+    result = dict(VALIDATION, twin={"url": "http://127.0.0.1:8100", "gap_percent": gap,
+                                    "summary": {"decode_tokens_per_s": 18.668, "ttft_ms_p50": 163.985,
+                                                "e2e_ms_p50": 1830.205}})
+    process = {"argv": ["llama-server", "--port", "8100"], "user": "llm", "cpus": [0, 1], "pid": 4242}
+    tsk = task(TWIN, "Keep the paired comparison")
+    resolved = task_vars(tsk, __benchmark_result=result, __benchmark_twin_process=process,
+                         benchmark_direct_max_gap_percent=5)
+    assert condition(tsk["when"], **resolved)
+    row = render_tree(tsk["ansible.builtin.set_fact"]["__benchmark_twin_row"], **resolved)
+    assert row["gap_percent"] == {"decode_tokens_per_s": decode, "ttft_ms": 1.0, "e2e_ms": e2e}
+    assert row["within"] is within and row["rounds"] == gap
+    text = render_template_file("roles/benchmark/templates/report.txt.j2", __benchmark_result=result,
+                                __benchmark_twin_row=row, benchmark_direct_max_gap_percent=5)
+    line = next(line for line in text.splitlines() if line.startswith("direct run"))
+    assert (f"service slower by {decode} % (decode, -6.8 to 6.0), {e2e} % (end to end, -6.5 to 6.0), medians of "
+            f"4 paired rounds: {'within' if within else 'OUTSIDE'} 5 %") in line
+
+
+def test_twin_skipped_for_memory_is_said_in_the_report():
+    process = {"skipped": True, "changed": False,
+               "msg": "not enough memory for the twin beside the service: VmRSS 7901 MiB + margin 512 MiB > "
+                      "MemAvailable 6120 MiB"}
+    result = VALIDATION
+    tsk = task(TWIN, "Say why there is no twin")
+    assert condition(tsk["when"], __benchmark_result=result)
+    row = render_tree(tsk["ansible.builtin.set_fact"]["__benchmark_twin_row"], __benchmark_twin_process=process)
+    assert not condition(task(TWIN, "Name the gap between the service and its twin")["when"], __benchmark_twin_row=row)
+    text = render_template_file("roles/benchmark/templates/report.txt.j2", __benchmark_result=result,
+                                __benchmark_twin_row=row, benchmark_direct_max_gap_percent=5)
+    assert "direct run: none (not enough memory for the twin beside the service: VmRSS 7901 MiB" in text
