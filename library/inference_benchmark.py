@@ -25,9 +25,9 @@ description:
     (O(prompt_tokens)) is a different order of its words per request, starting with a different word.
   - Nor is any request a cache hit of an earlier run, though a server keeps its prompt cache between runs (measured, a
     llama.cpp server that had run the same sequence before reused 18 of 19 prompt tokens per request, TTFT
-    51-69 ms against 180 ms). Each run draws a O(prompt_seed), which puts two words of its own before each
-    O(prompts) entry (C([time year] ...), a few tokens) or orders a synthetic prompt's words differently (same
-    length). The same seed gives the same prompts, so RV(prompt_seed) repeats a run.
+    51-69 ms against 180 ms). Each run draws a O(prompt_seed), which puts two words before each O(prompts)
+    entry (C([time year] ...), a few tokens; the first differs from request to request) or orders a synthetic
+    prompt's words differently (same length). The same seed gives the same prompts, so RV(prompt_seed) repeats a run.
   - Where the engine reports how many prompt tokens it evaluated (llama.cpp's server sends C(timings.prompt_n)
     and C(timings.cache_n) with the last event of a stream, C(tools/server/README.md)), RV(levels[].prompt_tokens_evaluated_mean)
     and RV(levels[].prompt_tokens_cached_mean) show them. Every request of every client shares the chat
@@ -608,10 +608,15 @@ def synthetic_prompt(tokens, index=0, seed=0):
     return " ".join(words[i % len(words)] for i in range(tokens))
 
 
-def run_tag(seed):
-    """Two words naming prompt seed SEED, put before each built-in or operator prompt of its run ('' for 0)."""
+def run_tag(seed, index):
+    """Two words put before request INDEX's prompt in a run with prompt seed SEED ('' for seed 0): the first is word
+    SEED + INDEX (so no two requests of a run below the word count share it: a tag common to the run was a cached
+    prefix of every request), the second drawn from (SEED, INDEX), so another run matches both about once in
+    22500 requests."""
+    if not seed:
+        return ""
     count = len(SYNTHETIC_WORDS)
-    return f"{SYNTHETIC_WORDS[seed % count]} {SYNTHETIC_WORDS[seed // count % count]}" if seed else ""
+    return f"{SYNTHETIC_WORDS[(seed + index) % count]} {random.Random(f'{seed}:{index}').choice(SYNTHETIC_WORDS)}"
 
 
 def prompt_for(params, index):
@@ -622,7 +627,7 @@ def prompt_for(params, index):
     prompts = params["prompts"]
     rounds, position = divmod(index, len(prompts))
     text = prompts[position] if rounds == 0 else f"({rounds + 1}) {prompts[position]}"
-    return f"[{run_tag(seed)}] {text}" if seed else text
+    return f"[{run_tag(seed, index)}] {text}" if seed else text
 
 
 def process_cpu_s(pid):

@@ -74,8 +74,10 @@ def test_result_shape_and_real_values(run_1_2, inference_server, model_id, tiny_
     # Level 1 follows the warm-up request (prompt 0): prompts 1 to 3, the last one a second round of PROMPTS[0].
     # Tagged with the run's own prompt seed: no prompt of an earlier run.
     sent = [bench.prompt_for(params(prompt_seed=result["prompt_seed"]), i) for i in (1, 2, 3)]
-    tag = "[" + bench.run_tag(result["prompt_seed"]) + "] "
-    assert sent == [tag + PROMPTS[1], tag + PROMPTS[2], tag + "(2) " + PROMPTS[0]]
+    tags = ["[" + bench.run_tag(result["prompt_seed"], i) + "] " for i in (1, 2, 3)]
+    assert sent == [tags[0] + PROMPTS[1], tags[1] + PROMPTS[2], tags[2] + "(2) " + PROMPTS[0]]
+    # A tag shared by the run would be a cached prefix of every request: each request's starts with its own word.
+    assert len({prompt.split()[0] for prompt in sent}) == 3
     lengths = [len(tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                                  return_dict=True)["input_ids"]) for p in sent]
     assert result["levels"][0]["prompt_tokens_mean"] == round(statistics.fmean(lengths), 1)
@@ -544,10 +546,11 @@ def test_no_prompt_of_a_run_was_sent_by_an_earlier_run(inference_server, model_i
         assert {len(prompt.split()) for prompt in first + second} == {24}
 
 
-@pytest.mark.parametrize("seed, prompt", [
-    (0, PROMPTS[1]),
-    (1, "[year time] " + PROMPTS[1]),
-    (len(bench.SYNTHETIC_WORDS) + 2, "[people year] " + PROMPTS[1]),
-])
-def test_the_run_tag_names_the_seed(seed, prompt):
-    assert bench.prompt_for(params(prompt_seed=seed), 1) == prompt
+def test_the_tag_of_a_request_comes_from_the_seed_and_its_index():
+    assert bench.prompt_for(params(prompt_seed=0), 1) == PROMPTS[1]
+    count = len(bench.SYNTHETIC_WORDS)
+    tags = [bench.prompt_for(params(prompt_seed=1), i).split("]")[0] for i in range(count)]
+    # Word 1 + index first: distinct within a run; the same seed and index give the same tag.
+    assert [tag.split()[0] for tag in tags] == ["[" + bench.SYNTHETIC_WORDS[(1 + i) % count] for i in range(count)]
+    assert tags == [bench.prompt_for(params(prompt_seed=1), i).split("]")[0] for i in range(count)]
+    assert bench.prompt_for(params(prompt_seed=1 + count), 0) != bench.prompt_for(params(prompt_seed=1), 0)
