@@ -26,7 +26,7 @@ description:
   - Nor is any request a cache hit of an earlier run, though a server keeps its prompt cache between runs (measured, a
     llama.cpp server that had run the same sequence before reused 18 of 19 prompt tokens per request, TTFT
     51-69 ms against 180 ms). Each run draws a O(prompt_seed), which puts two words before each O(prompts)
-    entry (C([time year] ...), a few tokens; the first differs from request to request) or orders a synthetic
+    entry (C(time year. ...), a few tokens; the first differs from request to request) or orders a synthetic
     prompt's words differently (same length). The same seed gives the same prompts, so RV(prompt_seed) repeats a run.
   - Where the engine reports how many prompt tokens it evaluated (llama.cpp's server sends C(timings.prompt_n)
     and C(timings.cache_n) with the last event of a stream, C(tools/server/README.md)), RV(levels[].prompt_tokens_evaluated_mean)
@@ -627,7 +627,8 @@ def prompt_for(params, index):
     prompts = params["prompts"]
     rounds, position = divmod(index, len(prompts))
     text = prompts[position] if rounds == 0 else f"({rounds + 1}) {prompts[position]}"
-    return f"[{run_tag(seed, index)}] {text}" if seed else text
+    # No bracket or other character before the words: it would be one more token shared by every request.
+    return f"{run_tag(seed, index)}. {text}" if seed else text
 
 
 def process_cpu_s(pid):

@@ -74,7 +74,7 @@ def test_result_shape_and_real_values(run_1_2, inference_server, model_id, tiny_
     # Level 1 follows the warm-up request (prompt 0): prompts 1 to 3, the last one a second round of PROMPTS[0].
     # Tagged with the run's own prompt seed: no prompt of an earlier run.
     sent = [bench.prompt_for(params(prompt_seed=result["prompt_seed"]), i) for i in (1, 2, 3)]
-    tags = ["[" + bench.run_tag(result["prompt_seed"], i) + "] " for i in (1, 2, 3)]
+    tags = [bench.run_tag(result["prompt_seed"], i) + ". " for i in (1, 2, 3)]
     assert sent == [tags[0] + PROMPTS[1], tags[1] + PROMPTS[2], tags[2] + "(2) " + PROMPTS[0]]
     # A tag shared by the run would be a cached prefix of every request: each request's starts with its own word.
     assert len({prompt.split()[0] for prompt in sent}) == 3
@@ -525,7 +525,7 @@ def test_a_twin_that_answers_nothing_fails_the_run(inference_server, model_id):
 def test_no_prompt_of_a_run_was_sent_by_an_earlier_run(inference_server, model_id, workload):
     """A server keeps its prompt cache between runs: a llama.cpp server that had run the same prompt sequence
     before reused 18 of 19 prompt tokens of each request (TTFT 51-69 ms against 180 ms on a fresh one). Two runs
-    against the same server share no prompt beyond a first word or the tag's bracket."""
+    against the same server share no prompt beyond a first word."""
     runs = []
     for _ in range(2):
         relay = TimingRelay(int(inference_server.rsplit(":", 1)[1]))
@@ -549,8 +549,8 @@ def test_no_prompt_of_a_run_was_sent_by_an_earlier_run(inference_server, model_i
 def test_the_tag_of_a_request_comes_from_the_seed_and_its_index():
     assert bench.prompt_for(params(prompt_seed=0), 1) == PROMPTS[1]
     count = len(bench.SYNTHETIC_WORDS)
-    tags = [bench.prompt_for(params(prompt_seed=1), i).split("]")[0] for i in range(count)]
+    tags = [bench.prompt_for(params(prompt_seed=1), i).split(".")[0] for i in range(count)]
     # Word 1 + index first: distinct within a run; the same seed and index give the same tag.
-    assert [tag.split()[0] for tag in tags] == ["[" + bench.SYNTHETIC_WORDS[(1 + i) % count] for i in range(count)]
-    assert tags == [bench.prompt_for(params(prompt_seed=1), i).split("]")[0] for i in range(count)]
+    assert [tag.split()[0] for tag in tags] == [bench.SYNTHETIC_WORDS[(1 + i) % count] for i in range(count)]
+    assert tags == [bench.prompt_for(params(prompt_seed=1), i).split(".")[0] for i in range(count)]
     assert bench.prompt_for(params(prompt_seed=1 + count), 0) != bench.prompt_for(params(prompt_seed=1), 0)
