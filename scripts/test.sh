@@ -43,26 +43,12 @@ print_phases() {
   printf '\n== phase table (wall s, busy CPU s of the whole machine; %s CPUs)\n' "$(nproc)"
   awk -F'\t' '{printf "%-62s %6d %8d\n", $1, $2, $3; w += $2} END {printf "%-62s %6d\n", "total", w}' "$phases"
   # The VM beside the rest: when it ended, and its emulator's CPU time (tests/vm/run.sh).
-  [ -z "$image_wall" ] || printf '%-62s %6d\n' "(the node image in the background, from its start)" "$image_wall"
   [ -z "$vm_wall" ] || printf '%-62s %6d %8s\n' "(the VM in the background, from its start)" "$vm_wall" \
     "$(sed -n 's/^ *QEMU CPU time *\([0-9]*\)s$/\1/p' "$vm_log")"
 }
-step "controller set-up (one-off: apt packages, venv)"
-"$LLMTUNE_ROOT/scripts/setup-controller.sh" --no-image
+step "controller set-up (one-off: apt packages, venv, node image)"
+"$LLMTUNE_ROOT/scripts/setup-controller.sh"
 cd "$LLMTUNE_ROOT"
-# The node image (debootstrap: the mirror and the disk, little CPU) is needed first by the molecule scenarios: built
-# in the background beside the linters and the compile, off the critical path (about 110 s on a fresh machine).
-image_log=$LLMTUNE_CACHE/node-image.log
-scripts/build-node-image.sh >"$image_log" 2>&1 &
-image_pid=$!
-image_started=$SECONDS
-image_wall=
-wait_image() {
-  [ -n "$image_pid" ] || return 0
-  wait "$image_pid" || { cat "$image_log"; echo "== the node image build failed"; exit 1; }
-  image_wall=$(($(stat -c %Y "$image_log") - $(date +%s) + SECONDS - image_started))
-  image_pid=
-}
 # First, since it takes seconds: a style fault fails the run before the long builds, not after them.
 step "yamllint"; yamllint -s .
 # A scenario, with its slowest tasks listed at the end of each playbook: where its time goes.
@@ -118,7 +104,6 @@ if ! $quick; then
   beside_vm=(llama_cpp rollback fleet)
   # Two lanes: llama_cpp (the longest, about 600 s alone) beside rollback then fleet (about 320 + 615 s alone); one
   # scenario and the VM leave about a quarter of the CPUs idle (Ansible waits on the nodes).
-  [ -z "$image_pid" ] || { step "waiting for the node image$beside"; wait_image; }
   step "molecule llama_cpp beside rollback then fleet$beside"
   molecule_test llama_cpp >"$LLMTUNE_CACHE/molecule-llama_cpp.log" 2>&1 &
   llama_cpp_pid=$!
@@ -150,7 +135,6 @@ fi
 # Alone, nothing else running: the benchmark against guidellm (request by request in turn), then the scenarios
 # whose figures count.
 step "benchmark cross-check with guidellm (unit test)"; python -m pytest tests/unit -q -s -m crosscheck
-[ -z "$image_pid" ] || { step "waiting for the node image"; wait_image; }
 for scenario in "${measured[@]}"; do
   step "molecule $scenario"; molecule_test "$scenario"
 done
