@@ -9,6 +9,7 @@
 # backends from the program's folder too (ggml/src/ggml-backend-reg.cpp), scoring each CPU variant on the host's CPU.
 # LLAMA_USE_PREBUILT_UI=OFF: no download of the web UI (no hub access); LLAMA_OPENSSL=OFF: the server speaks HTTP on
 # loopback only, nginx terminates anything else.
+# llama-cpp-opt-level.cmake: the programs' own code at -O1, the inference path at the build type's -O3.
 set -eu
 src=$1
 build=$2
@@ -36,7 +37,8 @@ fi
 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
   -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
-  '-DCMAKE_INSTALL_RPATH=$ORIGIN' -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON "$@" >"$build.cmake.log" 2>&1 || { tail -n 30 "$build.cmake.log" >&2; exit 1; }
+  '-DCMAKE_INSTALL_RPATH=$ORIGIN' -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON \
+  "-DCMAKE_PROJECT_INCLUDE=$(cd "$(dirname "$0")" && pwd)/llama-cpp-opt-level.cmake" "$@" >"$build.cmake.log" 2>&1 || { tail -n 30 "$build.cmake.log" >&2; exit 1; }
 # ggml depends on every CPU backend module (a MODULE library the programs do not link).
 cmake --build "$build" --target llama-server llama-bench llama-quantize ggml >"$build.build.log" 2>&1 ||
   { tail -n 30 "$build.build.log" >&2; exit 1; }
