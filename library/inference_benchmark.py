@@ -25,8 +25,8 @@ description:
     (O(prompt_tokens)) is a different order of its words per request, starting with a different word.
   - Nor is any request a cache hit of an earlier run, though a server keeps its prompt cache between runs (measured, a
     llama.cpp server that had run the same sequence before reused 18 of 19 prompt tokens per request, TTFT
-    51-69 ms against 180 ms). Each run draws a O(prompt_seed), which puts two words before each O(prompts)
-    entry (C(time year. ...), a few tokens; the first differs from request to request) or orders a synthetic
+    51-69 ms against 180 ms). Each run draws a O(prompt_seed), which puts three words before each O(prompts)
+    entry (C(time year day. ...), a few tokens; the first differs from request to request) or orders a synthetic
     prompt's words differently (same length). The same seed gives the same prompts, so RV(prompt_seed) repeats a run.
   - Where the engine reports how many prompt tokens it evaluated (llama.cpp's server sends C(timings.prompt_n)
     and C(timings.cache_n) with the last event of a stream, C(tools/server/README.md)), RV(levels[].prompt_tokens_evaluated_mean)
@@ -609,14 +609,16 @@ def synthetic_prompt(tokens, index=0, seed=0):
 
 
 def run_tag(seed, index):
-    """Two words put before request INDEX's prompt in a run with prompt seed SEED ('' for seed 0): the first is word
-    SEED + INDEX (so no two requests of a run below the word count share it: a tag common to the run was a cached
-    prefix of every request), the second drawn from (SEED, INDEX), so another run matches both about once in
-    22500 requests."""
+    """Three words put before request INDEX's prompt in a run with prompt seed SEED ('' for seed 0): the first is
+    word SEED + INDEX (so no two requests of a run below the word count share it: a tag common to the run was a
+    cached prefix of every request), the other two drawn from (SEED, INDEX). A request of another run starts with
+    the same two words once in 22500 pairs (two of its tokens reusable from a cache; with two tag words that
+    happened in a 16-pair test), with the same three once in 3.4 million."""
     if not seed:
         return ""
-    count = len(SYNTHETIC_WORDS)
-    return f"{SYNTHETIC_WORDS[(seed + index) % count]} {random.Random(f'{seed}:{index}').choice(SYNTHETIC_WORDS)}"
+    draw = random.Random(f"{seed}:{index}")
+    return " ".join([SYNTHETIC_WORDS[(seed + index) % len(SYNTHETIC_WORDS)], draw.choice(SYNTHETIC_WORDS),
+                     draw.choice(SYNTHETIC_WORDS)])
 
 
 def prompt_for(params, index):

@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Installs what the controller needs: Debian packages for local podman nodes, the Python venv with
 # Ansible and the test tools, and the local node image. Safe to run again: each step skips when done.
-#   scripts/setup-controller.sh [--no-image]   --no-image: all but the node image (scripts/build-node-image.sh)
+#   scripts/setup-controller.sh [--no-image|--ansible]
+#     --no-image: all but the node image (scripts/build-node-image.sh)
+#     --ansible: the Debian packages and a venv with Ansible alone, enough to start the one-off builds
+#                (playbooks/wheelhouse.yml) while a second run without it installs the rest
 set -euo pipefail
-image=true
+image=true ansible_only=false
 case "${1:-}" in
   --no-image) image=false ;;
+  --ansible) ansible_only=true ;;
   "") ;;
-  *) echo "usage: $0 [--no-image]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--no-image|--ansible]" >&2; exit 2 ;;
 esac
 . "$(dirname "$0")/env.sh"
 
@@ -20,6 +24,15 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   echo "== apt-get install ${need_apt[*]}"
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+if $ansible_only; then
+  if [ ! -x "$LLMTUNE_ROOT/.venv/bin/ansible-playbook" ]; then
+    echo "== Python venv (.venv), Ansible first"
+    python3 -m venv "$LLMTUNE_ROOT/.venv"
+    "$LLMTUNE_ROOT/.venv/bin/pip" install -q "$(grep '^ansible==' "$LLMTUNE_ROOT/requirements.txt")"
+  fi
+  exit 0
 fi
 
 if [ ! -x "$LLMTUNE_ROOT/.venv/bin/ansible-playbook" ] ||

@@ -525,7 +525,8 @@ def test_a_twin_that_answers_nothing_fails_the_run(inference_server, model_id):
 def test_no_prompt_of_a_run_was_sent_by_an_earlier_run(inference_server, model_id, workload):
     """A server keeps its prompt cache between runs: a llama.cpp server that had run the same prompt sequence
     before reused 18 of 19 prompt tokens of each request (TTFT 51-69 ms against 180 ms on a fresh one). Two runs
-    against the same server share no prompt beyond a first word."""
+    against the same server share no prompt beyond two words (with a two-word tag, 'community hour. Why is the sky
+    blue?' and 'community hour. (2) What is the capital of Australia?' shared the whole tag)."""
     runs = []
     for _ in range(2):
         relay = TimingRelay(int(inference_server.rsplit(":", 1)[1]))
@@ -540,7 +541,7 @@ def test_no_prompt_of_a_run_was_sent_by_an_earlier_run(inference_server, model_i
     assert seed1 != seed2 and len(first) == len(second) == 4
     for old in first:
         for new in second:
-            assert len(os.path.commonprefix([old.split(), new.split()])) <= 1, (old, new)
+            assert len(os.path.commonprefix([old.split(), new.split()])) <= 2, (old, new)
     if workload.get("prompt_tokens"):
         # Still exactly that many words, each one Qwen token.
         assert {len(prompt.split()) for prompt in first + second} == {24}
