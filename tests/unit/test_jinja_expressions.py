@@ -290,32 +290,54 @@ def test_sandbox_exposure_line():
         "Overall exposure level for llm-inference.service: 1.9 OK")
 
 
-@pytest.mark.parametrize("concurrency, score_ms", [
-    # One request in flight: its end-to-end latency, TTFT p50 + 31 x TPOT p50.
-    (1, 50.0 + 31 * 20.0),
-    # More: ms per output token served to all clients, 1000 / aggregate output tokens/s.
-    (4, round(1000 / 48.0, 2)),
+def twin_result(decode_gap, e2e_gap):
+    """inference_benchmark's RV(twin) for paired rounds with these median gaps, percent."""
+    return {"summary": {"decode_tokens_per_s": 52.0, "e2e_ms_p50": 680.0},
+            "gap_percent": {"rounds": 4, "decode_tokens_per_s": {"median": decode_gap, "min": decode_gap - 2, "max": decode_gap + 3},
+                            "ttft_ms": {"median": 1.0, "min": 0.0, "max": 2.0},
+                            "e2e_ms": {"median": e2e_gap, "min": e2e_gap - 1, "max": e2e_gap + 1}}}
+
+
+@pytest.mark.parametrize("concurrency, score_ms, twin, started, expect_twin", [
+    # One request in flight: its end-to-end latency, TTFT p50 + 31 x TPOT p50; the service 1.2 % slower than its twin.
+    (1, 50.0 + 31 * 20.0, twin_result(1.2, 0.8), {"url": "http://127.0.0.1:8100", "pid": 7},
+     {"decode_tokens_per_s": 52.0, "e2e_ms_p50": 680.0, "gap_percent": {"decode_tokens_per_s": 1.2, "e2e_ms": 0.8}, "within": True}),
+    # More: ms per output token served to all clients, 1000 / aggregate output tokens/s; decode 7.5 % behind the twin.
+    (4, round(1000 / 48.0, 2), twin_result(7.5, 0.8), {"url": "http://127.0.0.1:8100", "pid": 7},
+     {"decode_tokens_per_s": 52.0, "e2e_ms_p50": 680.0, "gap_percent": {"decode_tokens_per_s": 7.5, "e2e_ms": 0.8}, "within": False}),
+    # No room for the twin beside the service: engine_direct's reason is kept.
+    (1, 50.0 + 31 * 20.0, None, {"skipped": True, "msg": "not enough memory for the twin beside the service"},
+     {"skipped": "not enough memory for the twin beside the service"}),
+    # Twins turned off: the start task was skipped by its condition.
+    (1, 50.0 + 31 * 20.0, None, {"skipped": True, "skip_reason": "Conditional result was False"},
+     {"skipped": "autotune_direct_twin is false"}),
 ])
-def test_autotune_row_from_proc_status_and_the_workload_score(concurrency, score_ms):
+def test_autotune_row_from_proc_status_and_the_workload_score(concurrency, score_ms, twin, started, expect_twin):
     tsk = task("roles/autotune/tasks/measure.yml", "Record the row")
     status = read(JINJA, "proc-status")
     summary = {"ttft_ms_p50": 50.0, "ttft_ms_p95": 60.0, "tpot_ms_p50": 20.0, "decode_tokens_per_s": 50.0,
                "e2e_ms_p50": 700.0, "output_tokens_per_s": 48.0}
     key = "/opt/llmtune/models/m.gguf auto"
     variables = {
-        "__autotune_rows": [], "__autotune_row": {"engine": "llama_cpp"}, "__s": summary, "autotune_output_tokens": 32,
+        "__autotune_rows": [], "__autotune_row": {"engine": "llama_cpp"}, "autotune_output_tokens": 32,
         "autotune_concurrency": concurrency,
         "__autotune_bench": {"levels": [{"prompt_tokens_mean": 128, "output_tokens": 64, "requests": 2,
                                          "tpot_ms": {"p50": 20.0, "p95": 24.0},
                                          "cpu": {"other": 0.02}, "prompt_tokens_cached_mean": None}],
-                             "noisy": False, "roofline": {"percent": 40},
+                             "summary": summary, "noisy": False, "roofline": {"percent": 40},
                              "host_load": {"loadavg_before": [0.1, 0.1, 0.1]}},
         "__autotune_roofline_key": key,
         "__autotune_rooflines": {key: {"bandwidth_gb_s": 10.0, "decode_upper_bound_tokens_per_s": 120.0}},
         "inference_service_running": {"parallel": 4, "continuous_batching": None},
         "__autotune_status": {"content": base64.b64encode(status.encode()).decode()},
+        "__autotune_twin": started, "autotune_direct_max_gap_percent": 5,
     }
-    rows = render(tsk["ansible.builtin.set_fact"]["__autotune_rows"], **variables)
+    if twin:
+        variables["__autotune_bench"]["twin"] = twin
+    rows = render(tsk["ansible.builtin.set_fact"]["__autotune_rows"], **task_vars(tsk, **variables))
+    rounds = rows[0]["twin"].pop("rounds", None)
+    assert rows[0]["twin"] == expect_twin
+    assert rounds == (twin["gap_percent"] if twin else None)
     vmhwm_kb = int([line for line in status.splitlines() if line.startswith("VmHWM:")][0].split()[1])
     assert rows[0]["rss_mb"] == round(vmhwm_kb / 1024)
     assert (rows[0]["noisy"], rows[0]["other_cpus"]) == (False, 0.02)
@@ -529,21 +551,33 @@ AUTOTUNE_TOPOLOGY = {"recommended": {"cpus": [0, 1], "threads": 2}, "usable_cpus
                      "isa": {"avx512_bf16": True}}
 
 
-@pytest.mark.parametrize("allowed, gguf_types, stacks", [
-    (False, ["bf16", "q8_0"], [["transformers", "bfloat16"], ["llama_cpp", "bf16"], ["transformers", "float32"]]),
-    (True, ["bf16", "q8_0"],
-     [["transformers", "bfloat16"], ["llama_cpp", "bf16"], ["transformers", "float32"], ["llama_cpp", "q8_0"]]),
+TF32 = ["transformers", "float32"]
+
+
+@pytest.mark.parametrize("allowed, gguf_types, dtypes, bf16, stacks, later", [
+    (False, ["bf16", "q8_0"], ["bfloat16", "float32"], True, [["transformers", "bfloat16"], ["llama_cpp", "bf16"]], [TF32]),
+    (True, ["bf16", "q8_0"], ["bfloat16", "float32"], True,
+     [["transformers", "bfloat16"], ["llama_cpp", "bf16"], ["llama_cpp", "q8_0"]], [TF32]),
     # llama-quantize's types are quantized too.
-    (False, ["bf16", "q4_k_m", "q6_k"], [["transformers", "bfloat16"], ["llama_cpp", "bf16"], ["transformers", "float32"]]),
-    (True, ["q4_k_m"], [["transformers", "bfloat16"], ["transformers", "float32"], ["llama_cpp", "q4_k_m"]]),
+    (False, ["bf16", "q4_k_m", "q6_k"], ["bfloat16", "float32"], True,
+     [["transformers", "bfloat16"], ["llama_cpp", "bf16"]], [TF32]),
+    (True, ["q4_k_m"], ["bfloat16", "float32"], True, [["transformers", "bfloat16"], ["llama_cpp", "q4_k_m"]], [TF32]),
+    # No native bf16 (Zen 3): every stack in stage 1, in the operator's order.
+    (False, ["bf16"], ["bfloat16", "float32"], False, [["transformers", "bfloat16"], TF32, ["llama_cpp", "bf16"]], []),
+    (False, ["bf16"], ["float32"], True, [["llama_cpp", "bf16"]], [TF32]),
+    # Only float32 allowed: it is stage 1, not left for later.
+    (False, [], ["float32"], True, [TF32], []),
 ])
-def test_autotune_candidates_hold_quantized_formats_only_when_allowed(allowed, gguf_types, stacks):
+def test_autotune_candidates_hold_quantized_formats_only_when_allowed(allowed, gguf_types, dtypes, bf16, stacks, later):
     tsk = task("roles/autotune/tasks/main.yml", "List the candidates")
-    variables = task_vars(tsk, cpu_topology=AUTOTUNE_TOPOLOGY, autotune_allow_quantized=allowed,
-                          autotune_engines=["transformers", "llama_cpp"], autotune_dtypes=["bfloat16", "float32"],
+    topology = dict(AUTOTUNE_TOPOLOGY, isa={"avx512_bf16": bf16})
+    variables = task_vars(tsk, cpu_topology=topology, autotune_allow_quantized=allowed,
+                          autotune_engines=["transformers", "llama_cpp"], autotune_dtypes=dtypes,
                           autotune_gguf_types=gguf_types)
-    # bf16 stacks first on a CPU that computes bf16 natively (the time budget may not reach the last ones).
+    # bf16 stacks first on a CPU that computes bf16 natively, float32 ones after every other stage (the time budget
+    # may not reach the last ones).
     assert render(tsk["ansible.builtin.set_fact"]["__autotune_stacks"], **variables) == stacks
+    assert render(tsk["ansible.builtin.set_fact"]["__autotune_stacks_later"], **variables) == later
 
 
 CHOOSE = "Choose the lowest score among the measured candidates within the memory budget and latency bounds"
@@ -627,6 +661,31 @@ def test_autotune_report_shows_the_share_of_each_stage():
     # Decode slows with the context: the OS row names both prompt lengths.
     assert "prompts of 19.0 tokens on the untuned OS, these rows 138.0" in table[0]
     assert "allocator jemalloc" in table[-1]
+
+
+def test_autotune_report_names_the_gap_to_each_rows_twin():
+    row = {"tuned": True, "engine": "llama_cpp", "format": "bf16", "threads": 2, "cpus": "0 1", "allocator": "none",
+           "parallel": 1, "continuous_batching": None, "status": "measured", "score_ms": 2000.0,
+           "decode_tokens_per_s": 20.0, "ttft_ms_p50": 600.0, "roofline_percent": 70.0, "roofline_tokens_per_s": 28.0,
+           "bandwidth_gb_s": 30.0, "rss_mb": 3000, "output_tokens_per_s": 15.0}
+    within = dict(row, twin={"decode_tokens_per_s": 20.3, "gap_percent": {"decode_tokens_per_s": 1.5, "e2e_ms": -0.4},
+                             "within": True})
+    over = dict(row, allocator="tcmalloc", twin={"decode_tokens_per_s": 22.0, "gap_percent": {"decode_tokens_per_s": 9.1,
+                                                                                              "e2e_ms": 8.2}, "within": False})
+    alone = dict(row, allocator="jemalloc", twin={"skipped": "not enough memory for the twin beside the service"})
+    result = {"chosen": within, "rows": [within, over, alone], "steps": [], "reason": "lowest", "direct_max_gap_percent": 5.0,
+              "workload": {"prompt_tokens": 128, "output_tokens": 32, "concurrency": 1},
+              "limits": {"engines": ["llama_cpp"]}, "score": "ms", "time_budget_s": 1800, "elapsed_s": 400, "finished": "now"}
+    text = render_template_file("roles/autotune/templates/autotune.md.j2", __autotune_result=result, __autotune_baseline={},
+                                inventory_hostname="node", cpu_topology={"model_name": "AMD EPYC"})
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and " bf16 " in line]
+    assert [(cells[-2], cells[-1]) for cells in rows] == [
+        ("20.3", "1.5 / -0.4 |"), ("22.0", "**9.1 / 8.2 (over 5.0 %: the unit costs speed)** |"), ("-", "no twin |")]
+    assert ("Direct-run twins: 2 of 3 measured rows ran the same engine and settings directly, outside systemd, beside the "
+            "service, each prompt sent to both in turn; the service was slower by 1.5 to 9.1 % in decode (medians of "
+            "paired rounds; negative: faster); over 5.0 % on 1 row(s), marked in bold.") in text
+    assert ("No twin for llama_cpp bf16 (2 threads, allocator jemalloc): not enough memory for the twin beside the "
+            "service.") in text
 
 
 @pytest.mark.parametrize("concurrency, parallel, slots", [
