@@ -16,6 +16,10 @@ description:
     file before the C(thp) role writes it).
   - With O(file), copies the file into C(backup/) next to the state file before its first edit, or records
     that it did not exist (a rollback then deletes it).
+  - With O(packages), before a role installs them, records the ones not installed now (C(dpkg-query -W), see
+    dpkg-query(1); else C(rpm -q), see rpm(8)) as installed by this project, with the packages apt would add for
+    them (C(apt-get -s install), see apt-get(8)); a rollback removes those, and only when nothing else needs them.
+    A package that was there before is never recorded.
   - With O(state=read), returns the whole state and changes nothing.
   - Supports check mode (reports what would be recorded, writes nothing) and diff.
 options:
@@ -37,6 +41,10 @@ options:
   file:
     description: Absolute path of a file about to be edited or created by a role.
     type: path
+  packages:
+    description: Distribution package names about to be installed by a role.
+    type: list
+    elements: str
 notes:
   - A damaged (non-JSON) state file fails the task instead of being replaced.
 author: llmtune contributors
@@ -51,6 +59,10 @@ EXAMPLES = r"""
 - name: Back up /etc/fstab before commenting out swap
   tuning_state:
     file: /etc/fstab
+
+- name: Record nginx as ours before installing it, unless it is there already
+  tuning_state:
+    packages: [nginx]
 
 - name: Read the state for a drift check
   tuning_state:
@@ -73,14 +85,49 @@ backup:
   returned: when O(file) is given
   type: str
   sample: /var/lib/llmtune/backup/etc/fstab
+packages:
+  description: The packages of O(packages) recorded by this call (not installed, not recorded before).
+  returned: when O(packages) is given
+  type: list
+  elements: str
+  sample: [nginx]
 state:
-  description: The whole state (C(version), C(settings), C(files)).
+  description: The whole state (C(version), C(settings), C(files), C(packages)).
   returned: state=read
   type: dict
 """
 
+import re
+
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmtune_state import DEFAULT_STATE_PATH, backup_file, load_state, record_original
+from ansible.module_utils.llmtune_state import (DEFAULT_STATE_PATH, backup_file, load_state, record_original,
+                                                record_packages)
+
+
+def package_installed(module, name):
+    """Whether the distribution package ``name`` (str) is installed: dpkg-query(1) status "install ok installed", or
+    on an RPM system rpm(8) -q succeeding. Fails the module when the host has neither tool."""
+    dpkg_query = module.get_bin_path("dpkg-query")
+    if dpkg_query:
+        rc, out, _err = module.run_command([dpkg_query, "-W", "-f=${Status}", name])
+        return rc == 0 and out.endswith(" installed")
+    rpm = module.get_bin_path("rpm")
+    if rpm:
+        return module.run_command([rpm, "-q", name])[0] == 0
+    module.fail_json(msg="tuning_state packages: neither dpkg-query nor rpm on this host")
+
+
+def packages_added(module, names):
+    """The packages installing ``names`` (list of str) adds: those not installed, and on apt hosts the dependencies
+    apt would install with them (apt-get(8) -s install, its "Inst" lines). Where apt cannot tell (no apt-get, an
+    unknown name), the names alone: the install that follows fails on its own with apt's message."""
+    absent = [name for name in names if not package_installed(module, name)]
+    apt_get = module.get_bin_path("apt-get")
+    if absent and apt_get:
+        rc, out, _err = module.run_command([apt_get, "-s", "-q", "install"] + absent, environ_update={"LC_ALL": "C"})
+        if rc == 0:
+            return absent + re.findall(r"^Inst (\S+)", out, re.MULTILINE)
+    return absent
 
 
 def main():
@@ -91,10 +138,11 @@ def main():
             "key": {"type": "str"},
             "original": {"type": "str"},
             "file": {"type": "path"},
+            "packages": {"type": "list", "elements": "str"},
         },
-        required_if=[("state", "present", ("key", "file"), True)],
+        required_if=[("state", "present", ("key", "file", "packages"), True)],
         required_together=[("key", "original")],
-        mutually_exclusive=[("key", "file")],
+        mutually_exclusive=[("key", "file", "packages")],
         supports_check_mode=True,
     )
     params = module.params
@@ -105,6 +153,10 @@ def main():
             changed, entry = record_original(params["path"], params["key"], params["original"], module.check_mode)
             label = params["key"]
             result = {}
+        elif params["packages"] is not None:
+            recorded = record_packages(params["path"], packages_added(module, params["packages"]), module.check_mode)
+            changed, entry, label = bool(recorded), {}, "packages " + " ".join(recorded)
+            result = {"packages": recorded}
         else:
             changed, entry = backup_file(params["path"], params["file"], module.check_mode)
             label = params["file"]

@@ -7,11 +7,13 @@ Layout of ``/var/lib/llmtune/state.json`` (JSON object)::
      "settings": {"thp.enabled": {"original": "always [madvise] never", "recorded": "2026-01-01T00:00:00Z",
                                   "kernel_path": "/sys/kernel/mm/transparent_hugepage/enabled"}},
      "files": {"/etc/fstab": {"existed": true, "backup": "/var/lib/llmtune/backup/etc/fstab",
-                              "recorded": "..."}}}
+                              "recorded": "..."}},
+     "packages": {"nginx": {"recorded": "..."}}}
 
 Keys of ``settings`` are dotted ``<role>.<setting>``. An entry is never overwritten: the first value
 recorded is the one a rollback restores. Backups live in ``backup/`` next to the state file, under the
-file's absolute path, in folders readable by root only. Writes are atomic and durable: a temporary file in the
+file's absolute path, in folders readable by root only. ``packages`` are the ones this project installed (absent
+before its first install of them), which a rollback removes. Writes are atomic and durable: a temporary file in the
 same folder is fsynced, renamed over the old one, then the folder is fsynced (rename(2), fsync(2): without the last
 two steps a power loss right after a run can leave the old file or an empty one).
 """
@@ -47,6 +49,7 @@ def load_state(path):
     state.setdefault("version", 1)
     state.setdefault("settings", {})
     state.setdefault("files", {})
+    state.setdefault("packages", {})
     return state
 
 
@@ -157,3 +160,17 @@ def backup_file(path, file_path, check_mode=False):
         state["files"][file_path] = entry
         save_state(path, state)
     return True, entry
+
+
+def record_packages(path, names, check_mode=False):
+    """Record each package of ``names`` (list of str, the ones not installed now) once, as installed by this project.
+
+    Returns the names newly recorded (or, in check mode, that would be).
+    """
+    state = load_state(path)
+    new = [name for name in dict.fromkeys(names) if name not in state["packages"]]
+    if new and not check_mode:
+        for name in new:
+            state["packages"][name] = {"recorded": _now()}
+        save_state(path, state)
+    return new

@@ -1,6 +1,7 @@
 """tuning_state module and module_utils/llmtune_state.py: originals and backups recorded once."""
 
 import json
+import subprocess
 
 import pytest
 import tuning_state
@@ -75,7 +76,20 @@ def test_read_returns_whole_state(tmp_path, capsys):
     assert result["state"]["settings"]["numa.numa_balancing"]["original"] == "1"
     assert result["state"]["files"] == {}
     assert run({"path": str(tmp_path / "none.json"), "state": "read"}, capsys)["state"] == {
-        "version": 1, "settings": {}, "files": {}}
+        "version": 1, "settings": {}, "files": {}, "packages": {}}
+
+
+def test_packages_recorded_only_when_absent_and_once(tmp_path, capsys):
+    # dpkg-query on this Debian host: dpkg is installed everywhere, the other name is no package at all.
+    path = tmp_path / "state.json"
+    names = ["dpkg", "llmtune-no-such-package"]
+    checked = run({"path": str(path), "packages": names}, capsys, check_mode=True)
+    assert (checked["changed"], checked["packages"], path.exists()) == (True, ["llmtune-no-such-package"], False)
+    first = run({"path": str(path), "packages": names}, capsys)
+    second = run({"path": str(path), "packages": names}, capsys)
+    assert (first["changed"], first["packages"]) == (True, ["llmtune-no-such-package"])
+    assert (second["changed"], second["packages"]) == (False, [])
+    assert list(json.loads(path.read_text())["packages"]) == ["llmtune-no-such-package"]
 
 
 def test_damaged_state_fails_and_is_kept(tmp_path, capsys):
@@ -104,3 +118,14 @@ def test_kernel_path_stored_with_the_original(tmp_path):
     assert {key: {k: v for k, v in entry.items() if k != "recorded"} for key, entry in settings.items()} == {
         "swap.swappiness": {"original": "60", "kernel_path": "/proc/sys/vm/swappiness"},
         "grub.cmdline": {"original": "quiet"}}
+
+
+def test_packages_recorded_with_the_dependencies_apt_adds(tmp_path, capsys):
+    # cowsay is in Debian's index and pulls in libtext-charwidth-perl; neither is on a fresh machine of this kind.
+    installed = subprocess.run(["dpkg-query", "-W", "-f=${Status}", "cowsay", "libtext-charwidth-perl"],
+                               capture_output=True, text=True).stdout
+    if "installed" in installed or subprocess.run(["apt-get", "-s", "-q", "install", "cowsay"],
+                                                  capture_output=True).returncode:
+        pytest.skip("cowsay installed here, or not in apt's index")
+    result = run({"path": str(tmp_path / "state.json"), "packages": ["cowsay", "dpkg"]}, capsys, check_mode=True)
+    assert result["packages"] == ["cowsay", "libtext-charwidth-perl"]
