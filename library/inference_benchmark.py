@@ -159,6 +159,14 @@ options:
       - PID of the twin's engine, counted with O(engine_pid) as engine CPU time. 0 when unknown.
     type: int
     default: 0
+  twin_max_gap_percent:
+    description:
+      - Percent the service may be slower than its twin (median of the rounds, decode and end to end) for
+        RV(twin.gap_percent.verdict) C(within). Beyond it the verdict is C(over) only when every round found the
+        service slower, else C(unresolved), as the rounds' own spread is wider than the gap (on a 2-vCPU VM single
+        rounds of one engine against itself ranged -72 to +32 %).
+    type: float
+    default: 5.0
   busy_limit:
     description:
       - CPUs (in units of one CPU, for example C(0.25) for a quarter of one) that other processes may keep busy
@@ -446,13 +454,16 @@ twin:
         Paired gaps of the level of RV(summary): per round, how many percent the service (O(url)) is slower than
         its twin, for C(decode_tokens_per_s) (1 - service/twin, of the round's mean), C(ttft_ms) and C(e2e_ms)
         (service/twin - 1); each as C(median), C(min) and C(max) over the rounds, and C(rounds), the rounds
-        with answers from both. Negative: the service is faster.
+        with answers from both. Negative: the service is faster. C(verdict): C(within) when both medians are at
+        most O(twin_max_gap_percent); C(over) when one is beyond it and the service was slower in every round;
+        C(unresolved) otherwise.
       type: dict
   sample:
     url: http://127.0.0.1:8100
     summary: {decode_tokens_per_s: 22.8, ttft_ms_p50: 182.0, e2e_ms_p50: 1541.0}
     gap_percent:
       rounds: 4
+      verdict: within
       decode_tokens_per_s: {median: 1.2, min: -3.0, max: 4.1}
       ttft_ms: {median: 0.8, min: -5.2, max: 6.3}
       e2e_ms: {median: 1.1, min: -2.7, max: 4.0}
@@ -856,7 +867,7 @@ def run_paired_level(urls, model, params, concurrency, first_index):
             gaps.append(round_gap(*answers))
     cpu = cpu_split(cpu_before, cpu_sample(engine_pids(params)))
     service, twin = (level_figures(results[i], walls[i], cpu, concurrency, params) for i in (0, 1))
-    twin["gap_percent"] = gap_spread(gaps)
+    twin["gap_percent"] = gap_spread(gaps, params["twin_max_gap_percent"])
     return service, twin
 
 
@@ -876,13 +887,18 @@ def round_gap(service, twin):
     return gap
 
 
-def gap_spread(gaps):
-    """Median, min and max of each figure's round gaps (None without any), and the rounds with a decode gap."""
+def gap_spread(gaps, limit):
+    """Median, min and max of each figure's round gaps (None without any), the rounds with a decode gap, and the
+    verdict against LIMIT percent (see RV(twin.gap_percent)): a gap counts as the unit's cost only when no round
+    disagrees with it."""
     out = {"rounds": sum(1 for gap in gaps if gap["decode_tokens_per_s"] is not None)}
     for figure in ("decode_tokens_per_s", "ttft_ms", "e2e_ms"):
         values = [gap[figure] for gap in gaps if gap[figure] is not None]
         out[figure] = {"median": round(statistics.median(values), 1), "min": round(min(values), 1),
                        "max": round(max(values), 1)} if values else None
+    beyond = [out[figure] for figure in ("decode_tokens_per_s", "e2e_ms") if out[figure] and out[figure]["median"] > limit]
+    out["verdict"] = ("within" if not beyond else "over" if any(spread["min"] > 0 for spread in beyond)
+                      else "unresolved")
     return out
 
 
@@ -961,6 +977,8 @@ def check_options(params):
         return "max_tokens and requests must be >= 1, warmup >= 0 and timeout > 0"
     if min(params["engine_pid"], params["twin_engine_pid"], params["busy_limit"], params["settle_timeout"]) < 0:
         return "engine_pid, twin_engine_pid, busy_limit and settle_timeout must be >= 0"
+    if params["twin_max_gap_percent"] < 0:
+        return "twin_max_gap_percent must be >= 0"
     if params["twin_url"] is not None and params["twin_url"].rstrip("/") == params["url"].rstrip("/"):
         return "twin_url must be another server than url"
     if not params["concurrency"] or min(params["concurrency"]) < 1:
@@ -1133,6 +1151,7 @@ ARGUMENT_SPEC = {
     "engine_pid": {"type": "int", "default": 0},
     "twin_url": {"type": "str"},
     "twin_engine_pid": {"type": "int", "default": 0},
+    "twin_max_gap_percent": {"type": "float", "default": 5.0},
     "busy_limit": {"type": "float", "default": 0.25},
     "settle_timeout": {"type": "float", "default": 60},
     "include_usage": {"type": "bool", "default": True},
