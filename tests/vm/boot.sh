@@ -71,7 +71,8 @@ start() {
 }
 
 wait_ssh() {
-  local limit=${LLMTUNE_VM_BOOT_TIMEOUT:-600} start=$SECONDS
+  local limit=${LLMTUNE_VM_BOOT_TIMEOUT:-600} start=$SECONDS panics
+  panics=$(grep -c 'Kernel panic' "$serial" 2>/dev/null || true)
   while ! vm_ssh true 2>/dev/null; do
     if [ -z "$(vm_pid)" ]; then
       tail -30 "$serial" >&2 || true
@@ -84,6 +85,8 @@ wait_ssh() {
     sleep 3
   done
   log "SSH up after $((SECONDS - start))s"
+  # Said, not hidden: the guest rebooted itself (panic=10 from build-image.sh) before it came up.
+  grep 'Kernel panic' "$serial" | tail -n +"$((${panics:-0} + 1))" | sed 's/^/== guest panicked and rebooted: /' || true
 }
 
 stop() {
