@@ -167,6 +167,14 @@ options:
         rounds of one engine against itself ranged -72 to +32 %).
     type: float
     default: 5.0
+  twin_max_rounds:
+    description:
+      - With O(twin_url), the most paired rounds of a level. While RV(twin.gap_percent.verdict) is not C(within)
+        after the planned rounds (O(requests) divided by the concurrency), rounds of new prompts are added, up to
+        this many in all, as a gap that is noise shrinks with more rounds, a cost of the unit stays. 0, or a number
+        not above the planned rounds, adds none.
+    type: int
+    default: 0
   busy_limit:
     description:
       - CPUs (in units of one CPU, for example C(0.25) for a quarter of one) that other processes may keep busy
@@ -454,7 +462,7 @@ twin:
         Paired gaps of the level of RV(summary): per round, how many percent the service (O(url)) is slower than
         its twin, for C(decode_tokens_per_s) (1 - service/twin, of the round's mean), C(ttft_ms) and C(e2e_ms)
         (service/twin - 1); each as C(median), C(min) and C(max) over the rounds, and C(rounds), the rounds
-        with answers from both. Negative: the service is faster. C(verdict): C(within) when both medians are at
+        with answers from both (more than planned when O(twin_max_rounds) added some). Negative: the service is faster. C(verdict): C(within) when both medians are at
         most O(twin_max_gap_percent); C(over) when one is beyond it and the service was slower in every round;
         C(unresolved) otherwise.
       type: dict
@@ -851,15 +859,20 @@ def run_level(url, model, params, concurrency, first_index):
 
 def run_paired_level(urls, model, params, concurrency, first_index):
     """The level of run_level on two servers URLS (service, twin) in rounds of CONCURRENCY requests, each round's
-    prompts sent to one and then the other, the first swapped every round. Returns (service level, twin level);
-    the twin level carries the paired gaps (see RV(twin.gap_percent))."""
-    jobs = [prompt_for(params, first_index + i) for i in range(params["requests"])]
-    results, walls, gaps = ([], []), [0.0, 0.0], []
+    prompts sent to one and then the other, the first swapped every round; rounds added while the verdict is not
+    within (O(twin_max_rounds)). Returns (service level, twin level, prompts used); the twin level carries the
+    paired gaps (see RV(twin.gap_percent))."""
+    planned = [min(concurrency, params["requests"] - start) for start in range(0, params["requests"], concurrency)]
+    results, walls, gaps, used = ([], []), [0.0, 0.0], [], 0
     cpu_before = cpu_sample(engine_pids(params))
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        for number, start_at in enumerate(range(0, len(jobs), concurrency)):
-            batch, answers = jobs[start_at:start_at + concurrency], [None, None]
-            for which in ((0, 1) if number % 2 == 0 else (1, 0)):
+        while len(gaps) < len(planned) or (
+                len(gaps) < params["twin_max_rounds"]
+                and gap_spread(gaps, params["twin_max_gap_percent"])["verdict"] != "within"):
+            size = planned[len(gaps)] if len(gaps) < len(planned) else concurrency
+            batch, answers = [prompt_for(params, first_index + used + i) for i in range(size)], [None, None]
+            used += size
+            for which in ((0, 1) if len(gaps) % 2 == 0 else (1, 0)):
                 start = time.perf_counter()
                 answers[which] = list(pool.map(lambda prompt, w=which: _attempt(urls[w], model, prompt, params), batch))
                 walls[which] += time.perf_counter() - start
@@ -868,7 +881,7 @@ def run_paired_level(urls, model, params, concurrency, first_index):
     cpu = cpu_split(cpu_before, cpu_sample(engine_pids(params)))
     service, twin = (level_figures(results[i], walls[i], cpu, concurrency, params) for i in (0, 1))
     twin["gap_percent"] = gap_spread(gaps, params["twin_max_gap_percent"])
-    return service, twin
+    return service, twin, used
 
 
 def round_gap(service, twin):
@@ -979,6 +992,8 @@ def check_options(params):
         return "engine_pid, twin_engine_pid, busy_limit and settle_timeout must be >= 0"
     if params["twin_max_gap_percent"] < 0:
         return "twin_max_gap_percent must be >= 0"
+    if params["twin_max_rounds"] < 0:
+        return "twin_max_rounds must be >= 0"
     if params["twin_url"] is not None and params["twin_url"].rstrip("/") == params["url"].rstrip("/"):
         return "twin_url must be another server than url"
     if not params["concurrency"] or min(params["concurrency"]) < 1:
@@ -1086,12 +1101,13 @@ def run(params, check_mode=False):
     levels, twin_levels, index = [], [], params["warmup"]
     for concurrency in params["concurrency"]:
         if twin_url:
-            service, twin = run_paired_level((url, twin_url), model, params, concurrency, index)
+            service, twin, used = run_paired_level((url, twin_url), model, params, concurrency, index)
             levels.append(service)
             twin_levels.append(twin)
+            index += used
         else:
             levels.append(run_level(url, model, params, concurrency, index))
-        index += params["requests"]
+            index += params["requests"]
     result["host_load"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     result["noisy"] = any(level["noisy"] for level in levels)
     for level in levels:
@@ -1152,6 +1168,7 @@ ARGUMENT_SPEC = {
     "twin_url": {"type": "str"},
     "twin_engine_pid": {"type": "int", "default": 0},
     "twin_max_gap_percent": {"type": "float", "default": 5.0},
+    "twin_max_rounds": {"type": "int", "default": 0},
     "busy_limit": {"type": "float", "default": 0.25},
     "settle_timeout": {"type": "float", "default": 60},
     "include_usage": {"type": "bool", "default": True},

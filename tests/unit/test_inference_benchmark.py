@@ -186,8 +186,8 @@ class TimingRelay:
     has been handed to the module's socket, the moment the module can read it.
     """
 
-    def __init__(self, upstream_port):
-        self.upstream_port = upstream_port
+    def __init__(self, upstream_port, delay_s=0.0):
+        self.upstream_port, self.delay_s = upstream_port, delay_s
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = self.listener.getsockname()[1]
         self.connections, self.pumps = [], []
@@ -224,12 +224,12 @@ class TimingRelay:
             upstream.sendall(data)
         upstream.shutdown(socket.SHUT_WR)
 
-    @staticmethod
-    def _responses(upstream, client, record):
+    def _responses(self, upstream, client, record):
         while True:
             data = upstream.recv(65536)
             if not data:
                 break
+            time.sleep(self.delay_s)  # a slower service, for the tests of the paired gap
             client.sendall(data)
             record["chunks"].append((time.time(), data))
         client.shutdown(socket.SHUT_WR)
@@ -486,6 +486,32 @@ def test_paired_run_sends_each_round_to_both_in_swapped_order(inference_server, 
     assert result["levels"][0]["cpu"]["engine"] > 0.05
 
 
+@pytest.mark.parametrize("delay_s, limit, rounds, verdict", [
+    # Each response piece of the service held 40 ms: slower in every round, rounds added up to twin_max_rounds.
+    (0.04, 5.0, 5, "over"),
+    # Within the limit after the planned rounds: none added.
+    (0.0, 1000.0, 2, "within"),
+])
+def test_rounds_are_added_while_the_gap_is_not_within(inference_server, model_id, delay_s, limit, rounds, verdict):
+    upstream = int(inference_server.rsplit(":", 1)[1])
+    service, twin = TimingRelay(upstream, delay_s), TimingRelay(upstream)
+    try:
+        result, failure, _ = bench.run(params(url=f"http://127.0.0.1:{service.port}", model=model_id, warmup=1,
+                                              requests=2, max_tokens=6, concurrency=[1, 2],
+                                              twin_url=f"http://127.0.0.1:{twin.port}", twin_max_rounds=5,
+                                              twin_max_gap_percent=limit))
+    finally:
+        service.close()
+        twin.close()
+    assert failure is None
+    gap = result["twin"]["gap_percent"]
+    assert (gap["rounds"], gap["verdict"]) == (rounds, verdict)
+    # Every added round sent new prompts, and the next level went on after them: no prompt was sent twice.
+    sent = sorted(sent_prompt(r) for r in service.connections)
+    assert sent == sorted(sent_prompt(r) for r in twin.connections)
+    assert len(set(sent)) == len(sent) == 1 + rounds + result["twin"]["levels"][1]["gap_percent"]["rounds"] * 2
+
+
 def test_round_gaps_and_their_spread():
     service = [{"decode_tokens_per_s": 18.0, "ttft_ms": 110.0, "e2e_ms": 1100.0},
                {"decode_tokens_per_s": 22.0, "ttft_ms": 90.0, "e2e_ms": 1000.0}]
@@ -522,6 +548,7 @@ def test_a_gap_beyond_the_limit_counts_only_when_every_round_agrees(decode, e2e,
     ({"twin_url": "http://127.0.0.1:8000/"}, "twin_url must be another server than url"),
     ({"twin_engine_pid": -1}, "engine_pid, twin_engine_pid, busy_limit and settle_timeout must be >= 0"),
     ({"twin_max_gap_percent": -0.5}, "twin_max_gap_percent must be >= 0"),
+    ({"twin_max_rounds": -1}, "twin_max_rounds must be >= 0"),
 ])
 def test_bad_twin_options(options, message):
     assert bench.run(params(model="m", **options))[1] == message
