@@ -461,8 +461,9 @@ twin:
       description: >-
         Paired gaps of the level of RV(summary): per round, how many percent the service (O(url)) is slower than
         its twin, for C(decode_tokens_per_s) (1 - service/twin, of the round's mean), C(ttft_ms) and C(e2e_ms)
-        (service/twin - 1); each as C(median), C(min) and C(max) over the rounds, and C(rounds), the rounds
-        with answers from both (more than planned when O(twin_max_rounds) added some). Negative: the service is faster. C(verdict): C(within) when both medians are at
+        (service/twin - 1); each as C(median), C(min) and C(max) over the rounds, C(rounds), the rounds with
+        answers from both, and C(planned_rounds), the rounds before any was added (O(twin_max_rounds)).
+        Negative: the service is faster. C(verdict): C(within) when both medians are at
         most O(twin_max_gap_percent); C(over) when one is beyond it and the service was slower in every round;
         C(unresolved) otherwise.
       type: dict
@@ -471,6 +472,7 @@ twin:
     summary: {decode_tokens_per_s: 22.8, ttft_ms_p50: 182.0, e2e_ms_p50: 1541.0}
     gap_percent:
       rounds: 4
+      planned_rounds: 4
       verdict: within
       decode_tokens_per_s: {median: 1.2, min: -3.0, max: 4.1}
       ttft_ms: {median: 0.8, min: -5.2, max: 6.3}
@@ -880,7 +882,7 @@ def run_paired_level(urls, model, params, concurrency, first_index):
             gaps.append(round_gap(*answers))
     cpu = cpu_split(cpu_before, cpu_sample(engine_pids(params)))
     service, twin = (level_figures(results[i], walls[i], cpu, concurrency, params) for i in (0, 1))
-    twin["gap_percent"] = gap_spread(gaps, params["twin_max_gap_percent"])
+    twin["gap_percent"] = dict(gap_spread(gaps, params["twin_max_gap_percent"]), planned_rounds=len(planned))
     return service, twin, used
 
 

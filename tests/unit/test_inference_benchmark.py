@@ -505,7 +505,7 @@ def test_rounds_are_added_while_the_gap_is_not_within(inference_server, model_id
         twin.close()
     assert failure is None
     gap = result["twin"]["gap_percent"]
-    assert (gap["rounds"], gap["verdict"]) == (rounds, verdict)
+    assert (gap["rounds"], gap["planned_rounds"], gap["verdict"]) == (rounds, 2, verdict)
     # Every added round sent new prompts, and the next level went on after them: no prompt was sent twice.
     sent = sorted(sent_prompt(r) for r in service.connections)
     assert sent == sorted(sent_prompt(r) for r in twin.connections)

@@ -687,7 +687,8 @@ def test_autotune_report_names_the_gap_to_each_rows_twin():
            "bandwidth_gb_s": 30.0, "rss_mb": 3000, "output_tokens_per_s": 15.0}
     def twin(decode, gap, e2e, low, high, verdict, rounds=2):
         return {"decode_tokens_per_s": decode, "gap_percent": {"decode_tokens_per_s": gap, "e2e_ms": e2e},
-                "rounds": {"rounds": rounds, "decode_tokens_per_s": {"median": gap, "min": low, "max": high}},
+                "rounds": {"rounds": rounds, "planned_rounds": 2,
+                           "decode_tokens_per_s": {"median": gap, "min": low, "max": high}},
                 "verdict": verdict}
 
     within = dict(row, twin=twin(20.3, 1.5, -0.4, -2.0, 5.0, "within"))
@@ -700,7 +701,7 @@ def test_autotune_report_names_the_gap_to_each_rows_twin():
               "direct_max_gap_percent": 5.0,
               "workload": {"prompt_tokens": 128, "output_tokens": 32, "concurrency": 1},
               "limits": {"engines": ["llama_cpp"]}, "score": "ms", "time_budget_s": 1800, "elapsed_s": 400, "finished": "now",
-              "inputs": {"workload": {"requests": 2}, "twin": {"max_rounds": 8}}}
+              "inputs": {"twin": {"max_rounds": 8}}}
     text = render_template_file("roles/autotune/templates/autotune.md.j2", __autotune_result=result, __autotune_baseline={},
                                 inventory_hostname="node", cpu_topology={"model_name": "AMD EPYC"})
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and " bf16 " in line]
