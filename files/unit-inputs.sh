@@ -5,6 +5,11 @@
 # FragmentPath, ExecStart).
 #   stale        those changed since its main process started, one per line; nothing when none did or no process
 #                runs. A run interrupted between writing such a file and restarting the service leaves that behind.
+#   reloaded     each FILE changed since the service last loaded its configuration, one per line: for a server
+#                that reloads by starting new worker processes (nginx(8): on SIGHUP the master starts new workers
+#                with the new configuration and old ones shut down gracefully), the start of its oldest worker that
+#                is not shutting down (the main process's when it has none). A run interrupted between writing
+#                such a file and the reload leaves that behind.
 #   fingerprint  a sha256 of their content (the unit file) and of the name, size and time of every file under them,
 #                with the boot (proc(5) boot_id), the kernel command line and each FILE (e.g. the tuning state):
 #                what a measurement of the service depends on.
@@ -34,6 +39,18 @@ case $mode in
     btime=$(awk '/^btime / {print $2}' /proc/stat)
     # shellcheck disable=SC2086 # paths without blanks, one word each
     find $inputs -maxdepth 0 -newermt "@$((btime + started_us / 1000000 + 1))" -print | sort -u ;;
+  reloaded)
+    [ "${pid:-0}" -gt 0 ] && [ $# -gt 0 ] || exit 0
+    # ps(1) etimes: seconds since each process started.
+    age=$( { ps -o etimes= -o args= --ppid "$pid" | grep -v 'shutting down' || true; } | awk '$1 > max {max = $1} END {print max + 0}')
+    [ "$age" -gt 0 ] || age=$(ps -o etimes= -p "$pid")
+    existing=
+    for file in "$@"; do
+      [ -e "$file" ] && existing="$existing $file"
+    done
+    [ -n "$existing" ] || exit 0
+    # shellcheck disable=SC2086 # paths without blanks, one word each
+    find $existing -maxdepth 0 -newermt "@$(($(date +%s) - age + 1))" -print | sort -u ;;
   fingerprint)
     {
       cat /proc/sys/kernel/random/boot_id /proc/cmdline
@@ -44,5 +61,5 @@ case $mode in
         [ -e "$file" ] && { echo "$file"; cat "$file"; }
       done
     } | sha256sum | cut -d' ' -f1 ;;
-  *) echo "usage: $0 stale|fingerprint UNIT [FILE...]" >&2; exit 2 ;;
+  *) echo "usage: $0 stale|reloaded|fingerprint UNIT [FILE...]" >&2; exit 2 ;;
 esac

@@ -43,10 +43,14 @@ def proxy(inference_server, tmp_path_factory):
                  "inference_proxy_max_body_size": "256k", "inference_proxy_read_timeout": 60,
                  "inference_proxy_upstream_keepalive_timeout": 4, "inference_proxy_request_checks": True,
                  "inference_proxy_max_output_tokens": MAX_OUTPUT_TOKENS,
+                 # transformers serve checks no key of its own: nginx sends it none.
+                 "inference_proxy_backend_api_key": "",
                  "__inference_proxy_key_file": str(prefix / "key.conf"),
+                 "__inference_proxy_backend_auth_file": str(prefix / "backend-auth.conf"),
                  "__inference_proxy_checks_file": os.path.join(ROOT, "roles", "inference_proxy", "files",
                                                                "openai-requests.js")}
     render("key.conf.j2", prefix / "key.conf", variables)
+    render("backend-auth.conf.j2", prefix / "backend-auth.conf", variables)
     render("proxy.conf.j2", prefix / "site.conf", variables)
     # The main configuration of the package, reduced to what a site needs, with paths under the prefix.
     temp = " ".join(f"{name}_temp_path {prefix}/{name};" for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
