@@ -278,7 +278,9 @@ def test_ttft_and_decode_speed_agree_with_independent_timing(inference_server, m
 
     The suite runs this beside linters and a VM: a run disturbed by them (a thread woken late on a full machine) is
     measured again, at most three times, as the benchmark itself re-measures a noisy level; a systematic error
-    fails every attempt.
+    fails every attempt. TTFT may also differ by 2 ms: the module's clock runs from before its connect and send,
+    the relay's from the request's arrival, and on a loaded machine that took 1.2-1.3 ms, 7-9 % of the tiny
+    proxy's 16 ms TTFT, in every attempt of a CI run (a 1024-token prompt only raised that TTFT to 24 ms).
     """
     attempts = []
     for _ in range(3):
@@ -297,10 +299,12 @@ def test_ttft_and_decode_speed_agree_with_independent_timing(inference_server, m
                    "decode_tokens_per_s": (level["decode_tokens_per_s"]["p50"],
                                            statistics.median(m[1] for m in measured))}
         attempts.append(figures)
-        if all(module == pytest.approx(relay_figure, rel=0.05) for module, relay_figure in figures.values()):
+        absolute = {"ttft_ms": 2.0, "decode_tokens_per_s": 0.0}
+        if all(module == pytest.approx(relay_figure, rel=0.05, abs=absolute[name])
+               for name, (module, relay_figure) in figures.items()):
             break
     else:
-        pytest.fail(f"module vs relay (p50) disagree by more than 5 % in every attempt: {attempts}")
+        pytest.fail(f"module vs relay (p50) disagree by more than 5 % (TTFT: or 2 ms) in every attempt: {attempts}")
 
 
 def sent_prompt(record):
