@@ -3,8 +3,9 @@
 # the folder of its program (a new engine is unpacked with the files' old times, into a new folder) and every other
 # absolute path on its command line (the model) - from systemctl(1) show (MainPID, ExecMainStartTimestampMonotonic,
 # FragmentPath, ExecStart).
-#   stale        those changed since its main process started, one per line; nothing when none did or no process
-#                runs. A run interrupted between writing such a file and restarting the service leaves that behind.
+#   stale        those (or, when given, each FILE) changed since its main process started, one per line; nothing
+#                when none did or no process runs. A run interrupted between writing such a file and restarting the
+#                service leaves that behind.
 #   reloaded     each FILE changed since the service last loaded its configuration, one per line: for a server
 #                that reloads by starting new worker processes (nginx(8): on SIGHUP the master starts new workers
 #                with the new configuration and old ones shut down gracefully), the start of its oldest worker that
@@ -33,6 +34,7 @@ for word in $(printf '%s\n' "$command" | sed -n 's/.*argv\[\]=[^ ;]* \([^;]*\);.
 done
 case $mode in
   stale)
+    [ $# -eq 0 ] || inputs="$*"
     [ "${pid:-0}" -gt 0 ] && [ "${started_us:-0}" -gt 0 ] && [ -n "$inputs" ] || exit 0
     # proc(5) btime: the boot in seconds since the epoch. Whole seconds on both sides: only changes after the second
     # the process started in count.

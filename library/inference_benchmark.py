@@ -187,6 +187,19 @@ options:
         2-second windows). 0 does not wait; the state found is recorded either way.
     type: float
     default: 60
+  lock_path:
+    description:
+      - File locked (flock(2), exclusive) for the whole run, so two benchmarks of a host never measure at once. A
+        benchmark whose C(ansible-playbook) was killed goes on to its end on the host (over SSH without a terminal
+        nothing signals it; C(podman exec) neither), and a rerun started meanwhile would share the engine with it.
+        The holder's PID is written into the file. Empty locks nothing.
+    type: path
+    default: /run/lock/llmtune-benchmark.lock
+  lock_timeout:
+    description:
+      - Seconds to wait for another benchmark to release O(lock_path) before failing, naming its PID.
+    type: float
+    default: 1800
   include_usage:
     description:
       - Send C(stream_options.include_usage=true) so the server reports exact token counts. Turn off only
@@ -316,6 +329,9 @@ host_load:
       type: float
     settle_wait_s:
       description: Seconds waited for other processes to settle under O(busy_limit).
+      type: float
+    lock_wait_s:
+      description: Seconds waited for another benchmark of the host to release O(lock_path).
       type: float
     loadavg_before:
       description: 1, 5 and 15-minute load averages before the first request.
@@ -508,6 +524,7 @@ host_state:
 """
 
 import datetime
+import fcntl
 import http.client
 import json
 import os
@@ -711,6 +728,38 @@ def settle(pids, busy_limit, timeout):
         waited = time.monotonic() - start
         if not is_noisy(split, busy_limit) or waited >= timeout:
             return split, round(waited, 1)
+
+
+def hold_lock(path, timeout):
+    """Take an exclusive flock(2) on PATH, waiting at most TIMEOUT s for another benchmark to release it.
+
+    Returns (the open file, which holds the lock until closed, or None for an empty PATH; seconds waited). Writes
+    this process's PID into the file. Raises BenchmarkError when the lock is still held after TIMEOUT s, or when
+    PATH cannot be opened.
+    """
+    if not path:
+        return None, 0.0
+    start = time.monotonic()
+    try:
+        lock = open(path, "a+", encoding="ascii")
+    except OSError as error:
+        raise BenchmarkError(f"cannot open the benchmark lock {path}: {error}") from error
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except BlockingIOError:
+            if time.monotonic() - start >= timeout:
+                lock.seek(0)
+                holder = lock.read().strip() or "unknown"
+                lock.close()
+                raise BenchmarkError(f"another benchmark (PID {holder}) still holds {path} after {timeout:g} s: "
+                                     "figures taken beside it would not hold") from None
+            time.sleep(0.5)
+    lock.truncate(0)
+    lock.write(f"{os.getpid()}\n")
+    lock.flush()
+    return lock, round(time.monotonic() - start, 1)
 
 
 def roofline(decode_tokens_per_s, upper_bound):
@@ -990,8 +1039,9 @@ def check_options(params):
         return "prompts must not be empty"
     if params["max_tokens"] < 1 or params["requests"] < 1 or params["warmup"] < 0 or params["timeout"] <= 0:
         return "max_tokens and requests must be >= 1, warmup >= 0 and timeout > 0"
-    if min(params["engine_pid"], params["twin_engine_pid"], params["busy_limit"], params["settle_timeout"]) < 0:
-        return "engine_pid, twin_engine_pid, busy_limit and settle_timeout must be >= 0"
+    if min(params["engine_pid"], params["twin_engine_pid"], params["busy_limit"], params["settle_timeout"],
+           params["lock_timeout"]) < 0:
+        return "engine_pid, twin_engine_pid, busy_limit, settle_timeout and lock_timeout must be >= 0"
     if params["twin_max_gap_percent"] < 0:
         return "twin_max_gap_percent must be >= 0"
     if params["twin_max_rounds"] < 0:
@@ -1083,15 +1133,26 @@ def run(params, check_mode=False):
         if params["twin_url"]:
             _endpoint(params["twin_url"])
         model = params["model"] or first_model(url, params["api_key"], params["timeout"])
+        lock, lock_waited = hold_lock(params["lock_path"], params["lock_timeout"])
     except BenchmarkError as error:
         return result, str(error), warnings
+    try:
+        return measure(params, url, model, result, warnings, lock_waited)
+    finally:
+        if lock:
+            lock.close()
+
+
+def measure(params, url, model, result, warnings, lock_waited):
+    """run() once the options are checked and the lock is held; returns the same (result, failure, warnings)."""
     before, waited = settle(engine_pids(params), params["busy_limit"], params["settle_timeout"])
     result.update(url=url, model=model, max_tokens=params["max_tokens"], prompt_tokens=params["prompt_tokens"],
-                  prompt_seed=seed,
+                  prompt_seed=params["prompt_seed"],
                   ignore_eos=params["ignore_eos"], percentile_method=PERCENTILE_METHOD,
                   started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                   host_load={"cpus": os.cpu_count() or 1, "loadavg_before": [round(x, 2) for x in os.getloadavg()],
-                             "other_cpus_before": before["other"], "settle_wait_s": waited},
+                             "other_cpus_before": before["other"], "settle_wait_s": waited,
+                             "lock_wait_s": lock_waited},
                   host_state=host_state(params["tuning_state_path"]))
     if is_noisy(before, params["busy_limit"]):
         warnings.append(f"other processes kept {before['other']} CPUs busy (steal {before['steal_percent']} %) "
@@ -1173,6 +1234,8 @@ ARGUMENT_SPEC = {
     "twin_max_rounds": {"type": "int", "default": 0},
     "busy_limit": {"type": "float", "default": 0.25},
     "settle_timeout": {"type": "float", "default": 60},
+    "lock_path": {"type": "path", "default": "/run/lock/llmtune-benchmark.lock"},
+    "lock_timeout": {"type": "float", "default": 1800},
     "include_usage": {"type": "bool", "default": True},
     "baseline": {"type": "dict"},
     "report_path": {"type": "path"},

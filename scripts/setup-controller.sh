@@ -16,8 +16,9 @@ esac
 . "$(dirname "$0")/env.sh"
 
 need_apt=()
-# g++, cmake, ninja: llama.cpp has no binary on the registries, the controller compiles it (the llama_cpp engine).
-for cmd in podman:podman runc:runc debootstrap:debootstrap newuidmap:uidmap slirp4netns:slirp4netns g++:g++ cmake:cmake ninja:ninja-build; do
+# g++, cmake, ninja, patch: llama.cpp has no binary on the registries, the controller patches and compiles it (the
+# llama_cpp engine).
+for cmd in podman:podman runc:runc debootstrap:debootstrap newuidmap:uidmap slirp4netns:slirp4netns g++:g++ cmake:cmake ninja:ninja-build patch:patch; do
   command -v "${cmd%%:*}" >/dev/null || need_apt+=("${cmd#*:}")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

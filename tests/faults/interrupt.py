@@ -1,15 +1,18 @@
 #!/usr/bin/env python3
 """Kill ``ansible-playbook`` at a random task of one play, as a lost SSH session or an operator's kill -9 would.
 
-    interrupt.py --play "Tune the OS" [--tasks N] [--seed S] -- ansible-playbook -i INV playbook.yml [-e ...]
+    interrupt.py --play "Tune the OS" [--tasks N | --tasks-from-check] [--seed S] \
+        -- ansible-playbook -i INV playbook.yml [-e ...]
 
 Runs the command in its own process group with the default stdout callback and counts the ``TASK [...]`` headers
 printed after the header of the play named ``--play``. At the K-th of them (K drawn uniformly from 1 to N with
 ``--seed``, or a fresh seed), it waits a random 0-2 s, so the kill lands inside the task rather than at its start,
 and sends SIGKILL to the whole group: no handler, rescue or ``always`` runs, as with a real kill.
 
-N is ``--tasks``, or the tasks of that play in ``ansible-playbook --list-tasks`` (tasks that roles include at run
-time are not listed there: pass N when they matter). Prints one JSON line: seed, K, N, the task killed in, the
+N is ``--tasks``; or, with ``--tasks-from-check``, the task headers of that play in a run of the same command with
+``--check`` first (what roles include at run time is counted; a task that check mode steers elsewhere may make N
+differ a little from the real run's); or the tasks of that play in ``ansible-playbook --list-tasks`` (tasks that roles
+include at run time are not listed there). Prints one JSON line: seed, K, N, the task killed in, the
 seconds the run had lasted, and the run's exit status (-9 when killed, or its own code when it ended before task K).
 Exits 0 when the run was killed, 1 when it ended first.
 """
@@ -43,10 +46,26 @@ def listed_tasks(command, play):
     return count
 
 
+def play_tasks(lines, play):
+    """Yield the name of each ``TASK [...]`` header printed under the play named PLAY, from output LINES."""
+    inside = False
+    for line in lines:
+        line = line.rstrip("\n")
+        header = PLAY.match(line)
+        if header:
+            inside = header.group(1) == play
+            continue
+        header = TASK.match(line)
+        if inside and header:
+            yield header.group(1)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--play", required=True, help="name of the play whose tasks may be interrupted")
     parser.add_argument("--tasks", type=int, help="tasks of that play (default: from --list-tasks)")
+    parser.add_argument("--tasks-from-check", action="store_true",
+                        help="count the tasks of that play in a --check run of the command first")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: a fresh one, printed)")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- ansible-playbook ...")
     args = parser.parse_args()
@@ -55,30 +74,32 @@ def main():
         parser.error("no command after --")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     rng = random.Random(seed)
-    total = args.tasks or listed_tasks(command, args.play)
+    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="default", ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
+               PYTHONUNBUFFERED="1")
+    if args.tasks:
+        total = args.tasks
+    elif args.tasks_from_check:
+        check = subprocess.run(command + ["--check"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=env, check=False)
+        total = sum(1 for _ in play_tasks(check.stdout.splitlines(), args.play))
+        if check.returncode or not total:
+            raise SystemExit(f"the --check run ended {check.returncode} with {total} tasks under {args.play!r}:\n"
+                             + check.stdout[-3000:])
+    else:
+        total = listed_tasks(command, args.play)
     target = rng.randint(1, total)
     delay = rng.uniform(0, 2)
 
-    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="default", ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
-               PYTHONUNBUFFERED="1")
     start = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
-    seen, inside, task = 0, False, None
-    for line in proc.stdout:
-        line = line.rstrip("\n")
-        play = PLAY.match(line)
-        if play:
-            inside = play.group(1) == args.play
-            continue
-        header = TASK.match(line)
-        if inside and header:
-            seen += 1
-            if seen == target:
-                task = header.group(1)
-                time.sleep(delay)
-                os.killpg(proc.pid, signal.SIGKILL)
-                break
+    task = None
+    for seen, name in enumerate(play_tasks(proc.stdout, args.play), 1):
+        if seen == target:
+            task = name
+            time.sleep(delay)
+            os.killpg(proc.pid, signal.SIGKILL)
+            break
     rc = proc.wait()
     proc.stdout.close()
     print(json.dumps({"seed": seed, "task_number": target, "tasks": total, "task": task,

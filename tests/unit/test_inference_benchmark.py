@@ -1,5 +1,6 @@
 """library/inference_benchmark.py against the real `transformers serve` running a proxy model (no mocks)."""
 
+import fcntl
 import json
 import os
 import socket
@@ -411,6 +412,39 @@ def test_through_ansible(inference_server, model_id):
     assert (rc, stdout.strip()) == (0, "localhost | SKIPPED")
 
 
+def test_a_benchmark_waits_for_one_still_running(inference_server, model_id, tmp_path):
+    """A benchmark left running by a killed ansible-playbook holds the lock: a rerun's measures start after it."""
+    lock = tmp_path / "benchmark.lock"
+    other = {}
+    first = threading.Thread(target=lambda: other.update(zip(("rc", "stdout"), ansible_adhoc(
+        {"url": inference_server, "model": model_id, "requests": 4, "max_tokens": 24, "warmup": 0,
+         "settle_timeout": 0, "lock_path": str(lock)}))))
+    first.start()
+    deadline = time.monotonic() + 60
+    while not (lock.exists() and lock.read_text().strip()):
+        assert time.monotonic() < deadline, "the first benchmark never took the lock"
+        time.sleep(0.05)
+    holder = int(lock.read_text())
+    result, failure, _ = bench.run(params(url=inference_server, model=model_id, requests=2, lock_path=str(lock)))
+    first.join()
+    assert other["rc"] == 0 and failure is None, other
+    assert not psutil.pid_exists(holder) and result["host_load"]["lock_wait_s"] > 0
+    assert lock.read_text() == f"{os.getpid()}\n"
+
+
+def test_a_lock_held_too_long_fails_naming_its_holder(inference_server, model_id, tmp_path):
+    lock = tmp_path / "benchmark.lock"
+    with open(lock, "w", encoding="ascii") as held:
+        held.write("4242\n")
+        held.flush()
+        fcntl.flock(held, fcntl.LOCK_EX)
+        result, failure, _ = bench.run(params(url=inference_server, model=model_id, lock_path=str(lock),
+                                              lock_timeout=1))
+    assert failure == (f"another benchmark (PID 4242) still holds {lock} after 1 s: figures taken beside it "
+                       "would not hold")
+    assert "levels" not in result
+
+
 # --- fixed-length synthetic prompt, ignore_eos, roofline ---
 
 @pytest.mark.parametrize("tokens", [1, 100, 128, 333])
@@ -552,7 +586,7 @@ def test_a_gap_beyond_the_limit_counts_only_when_every_round_agrees(decode, e2e,
 
 @pytest.mark.parametrize("options, message", [
     ({"twin_url": "http://127.0.0.1:8000/"}, "twin_url must be another server than url"),
-    ({"twin_engine_pid": -1}, "engine_pid, twin_engine_pid, busy_limit and settle_timeout must be >= 0"),
+    ({"twin_engine_pid": -1}, "engine_pid, twin_engine_pid, busy_limit, settle_timeout and lock_timeout must be >= 0"),
     ({"twin_max_gap_percent": -0.5}, "twin_max_gap_percent must be >= 0"),
     ({"twin_max_rounds": -1}, "twin_max_rounds must be >= 0"),
 ])

@@ -10,6 +10,7 @@ template files, as the template action does.
 """
 
 import base64
+import hashlib
 import json
 import re
 import contextlib
@@ -441,34 +442,25 @@ def test_llama_cpp_verify_prints_the_concurrency_table():
     assert lines[-1].startswith("single-stream decode 15.5 tok/s, llama-bench tg32 15.8 tok/s (-1.9 %)")
 
 
-def test_proxy_key_map_matches_exactly():
-    # nginx matches a map's plain strings ignoring case (ngx_http_map_module): the keys are "~" regular expressions,
-    # escaped. What a hostile client tried: the key upper-cased, swapped case, cut short or extended.
-    key, other = "s3cr3t-Token_with.chars~+/aBcDeFgH==", "second-client-key-0123456789abcdefXYZ"
-    conf = render_template_file("roles/inference_proxy/templates/key.conf.j2", inference_proxy_api_key=key,
-                                inference_proxy_extra_api_keys=[other], inference_proxy_name="llm-inference",
+def test_verify_api_checks_the_proxy_keeps_digests_not_keys():
+    # The key map holds the first 128 bits of each key's SHA-256 (the presented token's, by njs); the API test checks
+    # that on the host, and fails a file that holds a key (what the map's regular expressions held before).
+    keys = ["s3cr3t-Token_with.chars~+/aBcDeFgH==", "second-client-key-0123456789abcdefXYZ"]
+    conf = render_template_file("roles/inference_proxy/templates/key.conf.j2", inference_proxy_api_key=keys[0],
+                                inference_proxy_extra_api_keys=keys[1:], inference_proxy_name="llm-inference",
                                 ansible_managed="Ansible managed")
-    patterns = [re.compile(line.split('"')[1][1:]) for line in conf.splitlines() if line.startswith('"~')]
-    assert len(patterns) == 2
+    assert [line.split() for line in conf.splitlines() if not line.startswith("#")] == [
+        [hashlib.sha256(key.encode()).hexdigest()[:32], "1;"] for key in keys]
+    tsk = task("molecule/default/verify_api.yml", "Check it holds each key's SHA-256 (first 128 bits), not the key")
 
-    def accepted(header):
-        return any(p.search(header) for p in patterns)
+    def holds(text):
+        content = {"content": base64.b64encode(text.encode()).decode()}
+        variables = task_vars(tsk, verify_api_keys=keys, verify_api_key_file=content)
+        return all(condition(c, **variables) for c in tsk["ansible.builtin.assert"]["that"])
 
-    assert accepted("Bearer " + key) and accepted("Bearer " + other)
-    for wrong in (key.upper(), key.swapcase(), key[:-1], key + "x", "x" + key, key.replace(".", "x")):
-        assert not accepted("Bearer " + wrong), wrong
-    assert not accepted("bearer " + key) and not accepted(key)
-
-
-def test_verify_api_reads_the_proxy_key():
-    key = "s3cr3t-Token_with.chars~+/aBcDeFgH=="
-    conf = render_template_file("roles/inference_proxy/templates/key.conf.j2", inference_proxy_api_key=key,
-                                inference_proxy_extra_api_keys=["second-client-key-0123456789abcdefXYZ"],
-                                inference_proxy_name="llm-inference", ansible_managed="Ansible managed")
-    tsk = task("molecule/default/verify_api.yml", "Keep the keys for the requests below")
-    content = base64.b64encode(conf.encode()).decode()
-    keys = render(tsk["ansible.builtin.set_fact"]["verify_api_keys"], verify_api_key_file={"content": content})
-    assert list(keys) == [key, "second-client-key-0123456789abcdefXYZ"]
+    assert holds(conf)
+    assert not holds(conf + '"~^Bearer %s$" 1;\n' % keys[0])
+    assert not holds(conf.replace(hashlib.sha256(keys[1].encode()).hexdigest()[:32], "0" * 32))
 
 
 def test_verify_tuning_finds_no_active_swap_line():

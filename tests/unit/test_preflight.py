@@ -22,6 +22,9 @@ CASES = [
                                 "GRUB_CMDLINE_LINUX_DEFAULT, got: NOPE"),
     ({"inference_service_user": "root"}, "inference_service_user must be a system user name other than root"),
     ({"inference_service_max_output_tokens": 0}, "inference_service_max_output_tokens must be >= 1 (got 0)"),
+    # Written into the nftables rule that keeps local users off the engine.
+    ({"inference_service_engine_firewall_users": ["root", "x } accept"]},
+     "inference_service_engine_firewall_users must be a list of user names or uids"),
     ({"inference_service_packages": []}, "inference_service_packages must be non-empty for the transformers engine"),
     ({"inference_service_port": 70000}, 'inference_service_port must be 1-65535 (got 70000)'),
     ({"inference_service_listen": "0.0.0.0", "inference_service_api_key": KEY, "inference_service_proxy_port": 8000},

@@ -6,6 +6,7 @@ nginx and njs are the Debian packages unpacked into the cache by scripts/setup-c
 service).
 """
 
+import hashlib
 import http.client
 import json
 import os
@@ -71,12 +72,12 @@ def proxy(inference_server, tmp_path_factory):
         proc.wait(timeout=20)
 
 
-def post(port, path, body, key=KEY, method="POST"):
+def post(port, path, body, key=KEY, method="POST", scheme="Bearer"):
     """(status, parsed JSON body or None) of one request; status 0 when the connection failed."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
     headers = {"Content-Type": "application/json"}
     if key is not None:
-        headers["Authorization"] = f"Bearer {key}"
+        headers["Authorization"] = f"{scheme} {key}"
     try:
         conn.request(method, path, body=None if body is None else json.dumps(body), headers=headers)
         resp = conn.getresponse()
@@ -95,18 +96,32 @@ def good_request(model):
     return {"model": model, "max_tokens": 2, "messages": [{"role": "user", "content": "Why is the sky blue?"}]}
 
 
-@pytest.mark.parametrize("key, status", [
-    (KEY, 200), (EXTRA_KEY, 200),
+@pytest.mark.parametrize("key, scheme, status", [
+    (KEY, "Bearer", 200), (EXTRA_KEY, "Bearer", 200),
     # Each got 200 when nginx compared the keys as its map's plain strings (issue 20, input 3).
-    (KEY.upper(), 401), (KEY.swapcase(), 401), (KEY[:-1], 401), (KEY + "x", 401), ("x" + KEY, 401), (None, 401),
+    (KEY.upper(), "Bearer", 401), (KEY.swapcase(), "Bearer", 401), (KEY[:-1], "Bearer", 401),
+    (KEY + "x", "Bearer", 401), ("x" + KEY, "Bearer", 401), (None, "Bearer", 401),
     # Whitespace around a header's value is not part of it (RFC 9110, 5.5): the same key.
-    (KEY + " ", 200),
+    (KEY + " ", "Bearer", 200),
+    # The scheme's case is not (RFC 9110, 11.1); another scheme is.
+    (KEY, "bearer", 200), (KEY, "Basic", 401), (" " + KEY, "Bearer", 401),
 ])
-def test_only_the_exact_key_gets_in(proxy, tiny_proxy_dir, key, status):
-    code, answer = post(proxy, "/v1/chat/completions", good_request(str(tiny_proxy_dir)), key=key)
+def test_only_the_exact_key_gets_in(proxy, tiny_proxy_dir, key, scheme, status):
+    code, answer = post(proxy, "/v1/chat/completions", good_request(str(tiny_proxy_dir)), key=key, scheme=scheme)
     assert code == status
     if status == 401:
         assert answer["error"]["code"] == "invalid_api_key"
+
+
+def test_the_key_file_holds_digests_not_keys(tmp_path):
+    """nginx compares SHA-256 digests (equal time whatever part of a key was guessed), cut to 128 bits to fit the map's
+    default hash bucket; the keys are not on disk."""
+    render("key.conf.j2", tmp_path / "key.conf", {"inference_proxy_name": "llm-test", "inference_proxy_api_key": KEY,
+                                                  "inference_proxy_extra_api_keys": [EXTRA_KEY]})
+    text = (tmp_path / "key.conf").read_text()
+    assert KEY not in text and EXTRA_KEY not in text
+    assert [line.split() for line in text.splitlines() if not line.startswith("#")] == [
+        [hashlib.sha256(key.encode()).hexdigest()[:32], "1;"] for key in (KEY, EXTRA_KEY)]
 
 
 def chat(model, **fields):

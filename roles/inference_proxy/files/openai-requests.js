@@ -1,7 +1,11 @@
 // The checks nginx makes before a request reaches the engine (njs, https://nginx.org/en/docs/njs/reference.html).
+// The API key: nginx's map compares the SHA-256 of the presented bearer token with those of the keys, so the time a
+// comparison takes (memcmp stops at the first differing byte) depends on digests, not on how much of a key was right.
 // A malformed request gets a 400 in the OpenAI error shape instead of the engine's 500 (transformers serve), and no
 // request may ask for more output tokens than $llmtune_max_output_tokens: the engine generates what it is asked for,
 // and a client that gave up does not stop a non-streamed generation (transformers serve).
+
+import crypto from 'crypto';
 
 // The field each endpoint needs, and the types it accepts (OpenAI API reference).
 var INPUTS = {
@@ -84,4 +88,16 @@ function check(r) {
     r.internalRedirect('@engine');
 }
 
-export default {check};
+// js_set: the first 128 bits of the SHA-256 of the token of an "Authorization: Bearer <token>" header (RFC 6750; the
+// scheme's case does not matter, RFC 9110 11.1) in lowercase hex, or '' for any other header or none. 32 characters
+// fit a map's default hash bucket (64 bytes on x86-64; the whole digest would need map_hash_bucket_size, an http-wide
+// directive another site may set too); forging a key still takes 2^128 guesses.
+function bearerDigest(r) {
+    var header = r.headersIn.Authorization;
+    if (typeof header !== 'string' || header.slice(0, 7).toLowerCase() !== 'bearer ') {
+        return '';
+    }
+    return crypto.createHash('sha256').update(header.slice(7)).digest('hex').slice(0, 32);
+}
+
+export default {check, bearerDigest};

@@ -1,10 +1,13 @@
 #!/bin/sh
-# build-llama-cpp.sh SOURCE BUILD VARIANTS [CMAKE_ARG...]: compile llama.cpp's server and tools from SOURCE in the
-# folder BUILD, and write them, their shared libraries and every CPU backend ggml built (libggml-cpu-*.so) as a tar to
-# "$ONCE_PART" (see once.sh), with build-info.txt (cmake arguments, CPU variants, compile seconds).
+# build-llama-cpp.sh SOURCE BUILD VARIANTS [--patch FILE]... [CMAKE_ARG...]: compile llama.cpp's server and tools
+# from SOURCE in the folder BUILD, and write them, their shared libraries and every CPU backend ggml built
+# (libggml-cpu-*.so) as a tar to "$ONCE_PART" (see once.sh), with build-info.txt (cmake arguments, CPU variants,
+# patches, compile seconds).
 # VARIANTS: "all", or the space-separated CPU variants of -DGGML_CPU_ALL_VARIANTS=ON to keep (e.g. "haswell zen4");
 # each variant costs about 100 CPU-seconds. ggml has no option for a subset, so the build reads a hard-linked copy of
 # SOURCE whose ggml/src/CMakeLists.txt lists only those; an unknown name fails with the release's list.
+# --patch FILE: a unified diff (patch -p1) applied to such a copy of SOURCE; patch(1) writes a patched file anew, so
+# SOURCE itself stays as released. A patch that does not apply fails the build, naming it.
 # RPATH $ORIGIN: the programs find their libraries in their own folder wherever the tar is unpacked; ggml loads its
 # backends from the program's folder too (ggml/src/ggml-backend-reg.cpp), scoring each CPU variant on the host's CPU.
 # LLAMA_USE_PREBUILT_UI=OFF: no download of the web UI (no hub access); LLAMA_OPENSSL=OFF: the server speaks HTTP on
@@ -16,14 +19,28 @@ build=$2
 variants=$3
 shift 3
 start=$(date +%s)
+copied=
+copy_source() {
+  [ -z "$copied" ] || return 0
+  rm -rf "$build.src"
+  cp -al "$src" "$build.src"
+  copied=1
+}
+patches=
+while [ "${1-}" = --patch ]; do
+  copy_source
+  patch -p1 --batch --forward --no-backup-if-mismatch --quiet -d "$build.src" -i "$2" >&2 ||
+    { echo "llama.cpp patch $2 does not apply to $src" >&2; exit 2; }
+  patches="$patches $(basename "$2")"
+  shift 2
+done
 if [ "$variants" != all ]; then
   list=$src/ggml/src/CMakeLists.txt
   known=$(sed -n 's/^ *ggml_add_cpu_backend_variant(\([^ )]*\).*/\1/p' "$list" | tr '\n' ' ')
   for variant in $variants; do
     case " $known " in *" $variant "*) ;; *) echo "no CPU variant $variant in this llama.cpp; it has: $known" >&2; exit 2 ;; esac
   done
-  rm -rf "$build.src"
-  cp -al "$src" "$build.src"
+  copy_source
   # A new file, not an edit: the copy's other files are the source's own (hard links).
   rm "$build.src/ggml/src/CMakeLists.txt"
   awk -v keep=" $variants " '
@@ -32,8 +49,8 @@ if [ "$variants" != all ]; then
       if (index(keep, " " tag " ") == 0) next
     }
     { print }' "$list" >"$build.src/ggml/src/CMakeLists.txt"
-  src=$build.src
 fi
+[ -z "$copied" ] || src=$build.src
 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_SERVER=ON \
   -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
@@ -43,6 +60,7 @@ cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_L
 cmake --build "$build" --target llama-server llama-bench llama-quantize ggml >"$build.build.log" 2>&1 ||
   { tail -n 30 "$build.build.log" >&2; exit 1; }
 cd "$build/bin"
-printf 'cmake arguments: %s\nCPU variants: %s\ncompile seconds: %s\n' "$*" "$variants" $(($(date +%s) - start)) >build-info.txt
+printf 'cmake arguments: %s\nCPU variants: %s\npatches:%s\ncompile seconds: %s\n' "$*" "$variants" "$patches" \
+  $(($(date +%s) - start)) >build-info.txt
 # build-info.txt last: hosts take its presence for a whole unpack.
 tar -cf "$ONCE_PART" llama-server llama-bench llama-quantize lib*.so* build-info.txt
