@@ -192,9 +192,11 @@ options:
       - File locked (flock(2), exclusive) for the whole run, so two benchmarks of a host never measure at once. A
         benchmark whose C(ansible-playbook) was killed goes on to its end on the host (over SSH without a terminal
         nothing signals it; C(podman exec) neither), and a rerun started meanwhile would share the engine with it.
-        The holder's PID is written into the file. Empty locks nothing.
+        The holder's PID is written into the file. Its folder is made root-only (0700) when missing, and the file
+        is opened without following a symbolic link, so no other local user can hold or replace it. Empty locks
+        nothing.
     type: path
-    default: /run/lock/llmtune-benchmark.lock
+    default: /run/llmtune/benchmark.lock
   lock_timeout:
     description:
       - Seconds to wait for another benchmark to release O(lock_path) before failing, naming its PID.
@@ -741,7 +743,10 @@ def hold_lock(path, timeout):
         return None, 0.0
     start = time.monotonic()
     try:
-        lock = open(path, "a+", encoding="ascii")
+        folder = os.path.dirname(path) or "."
+        if not os.path.isdir(folder):
+            os.makedirs(folder, mode=0o700)
+        lock = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600), "r+", encoding="ascii")
     except OSError as error:
         raise BenchmarkError(f"cannot open the benchmark lock {path}: {error}") from error
     while True:
@@ -756,7 +761,8 @@ def hold_lock(path, timeout):
                 raise BenchmarkError(f"another benchmark (PID {holder}) still holds {path} after {timeout:g} s: "
                                      "figures taken beside it would not hold") from None
             time.sleep(0.5)
-    lock.truncate(0)
+    lock.seek(0)
+    lock.truncate()
     lock.write(f"{os.getpid()}\n")
     lock.flush()
     return lock, round(time.monotonic() - start, 1)
@@ -1234,7 +1240,7 @@ ARGUMENT_SPEC = {
     "twin_max_rounds": {"type": "int", "default": 0},
     "busy_limit": {"type": "float", "default": 0.25},
     "settle_timeout": {"type": "float", "default": 60},
-    "lock_path": {"type": "path", "default": "/run/lock/llmtune-benchmark.lock"},
+    "lock_path": {"type": "path", "default": "/run/llmtune/benchmark.lock"},
     "lock_timeout": {"type": "float", "default": 1800},
     "include_usage": {"type": "bool", "default": True},
     "baseline": {"type": "dict"},

@@ -27,7 +27,8 @@ def params(**overrides):
     """Module options with the module's own defaults, as AnsibleModule would fill them."""
     values = {name: spec.get("default") for name, spec in bench.ARGUMENT_SPEC.items()}
     # No waiting for a quiet host: the suite runs beside linters and builds; one 2-second window is still taken.
-    values.update(prompts=PROMPTS, max_tokens=12, requests=3, warmup=0, timeout=60, settle_timeout=0)
+    # No host-wide lock (lock_path): the lock tests give their own.
+    values.update(prompts=PROMPTS, max_tokens=12, requests=3, warmup=0, timeout=60, settle_timeout=0, lock_path="")
     values.update(overrides)
     return values
 
@@ -443,6 +444,15 @@ def test_a_lock_held_too_long_fails_naming_its_holder(inference_server, model_id
     assert failure == (f"another benchmark (PID 4242) still holds {lock} after 1 s: figures taken beside it "
                        "would not hold")
     assert "levels" not in result
+
+
+def test_a_lock_that_is_a_symbolic_link_is_refused(inference_server, model_id, tmp_path):
+    """Another user's link in the lock's place would make root write where it points."""
+    (tmp_path / "lock").symlink_to(tmp_path / "elsewhere")
+    result, failure, _ = bench.run(params(url=inference_server, model=model_id, lock_path=str(tmp_path / "lock")))
+    link = tmp_path / "lock"
+    assert failure == f"cannot open the benchmark lock {link}: [Errno 40] Too many levels of symbolic links: '{link}'"
+    assert not (tmp_path / "elsewhere").exists() and "levels" not in result
 
 
 # --- fixed-length synthetic prompt, ignore_eos, roofline ---

@@ -113,6 +113,14 @@ def test_only_the_exact_key_gets_in(proxy, tiny_proxy_dir, key, scheme, status):
         assert answer["error"]["code"] == "invalid_api_key"
 
 
+def test_a_key_listed_twice_is_one_entry(tmp_path):
+    """nginx -t rejects a map with the same string twice (a rotation that lists the new key in both variables)."""
+    render("key.conf.j2", tmp_path / "key.conf", {"inference_proxy_name": "llm-test", "inference_proxy_api_key": KEY,
+                                                  "inference_proxy_extra_api_keys": [EXTRA_KEY, KEY]})
+    lines = [line for line in (tmp_path / "key.conf").read_text().splitlines() if not line.startswith("#")]
+    assert lines == [hashlib.sha256(key.encode()).hexdigest()[:32] + " 1;" for key in (KEY, EXTRA_KEY)]
+
+
 def test_the_key_file_holds_digests_not_keys(tmp_path):
     """nginx compares SHA-256 digests (equal time whatever part of a key was guessed), cut to 128 bits to fit the map's
     default hash bucket; the keys are not on disk."""

@@ -35,20 +35,21 @@ while [ "${1-}" = --patch ]; do
   shift 2
 done
 if [ "$variants" != all ]; then
-  list=$src/ggml/src/CMakeLists.txt
+  copy_source
+  # The copy's list, which a patch may have changed.
+  list=$build.src/ggml/src/CMakeLists.txt
   known=$(sed -n 's/^ *ggml_add_cpu_backend_variant(\([^ )]*\).*/\1/p' "$list" | tr '\n' ' ')
   for variant in $variants; do
     case " $known " in *" $variant "*) ;; *) echo "no CPU variant $variant in this llama.cpp; it has: $known" >&2; exit 2 ;; esac
   done
-  copy_source
-  # A new file, not an edit: the copy's other files are the source's own (hard links).
-  rm "$build.src/ggml/src/CMakeLists.txt"
+  # A new file in its place, not an edit: the copy's other files are the source's own (hard links).
   awk -v keep=" $variants " '
     match($0, /^ *ggml_add_cpu_backend_variant\([^ )]*/) {
       tag = substr($0, RSTART, RLENGTH); sub(/.*\(/, "", tag)
       if (index(keep, " " tag " ") == 0) next
     }
-    { print }' "$list" >"$build.src/ggml/src/CMakeLists.txt"
+    { print }' "$list" >"$list.new"
+  mv "$list.new" "$list"
 fi
 [ -z "$copied" ] || src=$build.src
 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
