@@ -21,6 +21,12 @@ debootstrap --variant=minbase \
   { tail -20 "$LLMTUNE_CACHE/debootstrap.log"; exit 1; }
 # grub-pc's postinst installs this default file on a real host; the image has no bootloader package.
 cp "$rootfs/usr/share/grub/default/grub" "$rootfs/etc/default/grub"
+# As Debian's own container images do (docker-clean): the packages apt downloads are deleted once installed (each
+# scenario's node kept about 130 MB of them; a full disk failed CI). DPkg::Post-Invoke runs after each dpkg call
+# of any apt front end, python3-apt's too (apt.conf(5)).
+cat > "$rootfs/etc/apt/apt.conf.d/llmtune-clean" <<'APT'
+DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb || true"; };
+APT
 # An empty machine-id makes systemd generate one per container at first boot.
 : > "$rootfs/etc/machine-id"
 tar -C "$rootfs" -c . | podman import \

@@ -27,21 +27,40 @@ phases=$LLMTUNE_CACHE/phases.tsv
 : >"$phases"
 ticks=$(getconf CLK_TCK)
 busy_s() { awk -v t="$ticks" '/^cpu /{printf "%.0f", ($2+$3+$4+$7+$8)/t}' /proc/stat; }
+# And the disk: MiB used on the filesystems the suite writes to (the cache, /var/lib where podman keeps images and
+# containers, /tmp), sampled every 5 s; a full disk fails a run at whichever write comes next (CI of 45509b0 failed
+# so, in the llama_cpp scenario's pip install), so each phase's peak above the run's start is in the table.
+disk_used_mb() {
+  df -B1M --output=source,used "$LLMTUNE_CACHE" /var/lib /tmp | tail -n +2 | sort -u | awk '{s += $2} END {print s}'
+}
+disk_log=$LLMTUNE_CACHE/disk.tsv
+disk_start=$(disk_used_mb)
+printf '== disk: %s MiB free for the cache (%s)\n' "$(df -B1M --output=avail "$LLMTUNE_CACHE" | tail -1 | tr -d ' ')" \
+  "$LLMTUNE_CACHE"
+(while :; do printf '%s\t%s\n' "$(date +%s)" "$(disk_used_mb)"; sleep 5; done) >"$disk_log" &
+disk_pid=$!
+trap 'kill "$disk_pid" 2>/dev/null || true' EXIT
 start=$SECONDS
-phase= phase_wall= phase_busy=
+phase= phase_wall= phase_busy= phase_epoch=
 end_phase() {
-  [ -n "$phase" ] && printf '%s\t%s\t%s\n' "$phase" $((SECONDS - phase_wall)) $(($(busy_s) - phase_busy)) >>"$phases"
+  local peak
+  [ -n "$phase" ] || return 0
+  peak=$(awk -v s="$phase_epoch" -v m="$(disk_used_mb)" '$1 >= s && $2 > m {m = $2} END {print m}' "$disk_log")
+  printf '%s\t%s\t%s\t%s\n' "$phase" $((SECONDS - phase_wall)) $(($(busy_s) - phase_busy)) $((peak - disk_start)) \
+    >>"$phases"
   phase=
 }
 step() {
   end_phase
   printf '== %s (%s s since start)\n' "$1" $((SECONDS - start))
-  phase=$1 phase_wall=$SECONDS phase_busy=$(busy_s)
+  phase=$1 phase_wall=$SECONDS phase_busy=$(busy_s) phase_epoch=$(date +%s)
 }
 print_phases() {
   end_phase
-  printf '\n== phase table (wall s, busy CPU s of the whole machine; %s CPUs)\n' "$(nproc)"
-  awk -F'\t' '{printf "%-62s %6d %8d\n", $1, $2, $3; w += $2} END {printf "%-62s %6d\n", "total", w}' "$phases"
+  kill "$disk_pid" 2>/dev/null || true
+  printf '\n== phase table (wall s, busy CPU s of the whole machine; %s CPUs; peak disk MiB above the start)\n' "$(nproc)"
+  awk -F'\t' '{printf "%-62s %6d %8d %8d\n", $1, $2, $3, $4; w += $2; if ($4 > d) d = $4}
+    END {printf "%-62s %6d %17d\n", "total", w, d}' "$phases"
   # The VM beside the rest: when it ended, and its emulator's CPU time (tests/vm/run.sh).
   [ -z "$vm_wall" ] || printf '%-62s %6d %8s\n' "(the VM in the background, from its start)" "$vm_wall" \
     "$(sed -n 's/^ *QEMU CPU time *\([0-9]*\)s$/\1/p' "$vm_log")"

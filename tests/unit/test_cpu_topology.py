@@ -52,7 +52,7 @@ def assert_agrees_with_lscpu(result, fields):
 
 def test_every_machine_has_a_tree():
     assert ALL_TREES == ["arm-graviton3", "container-cgroup2", "epyc-1socket", "epyc-isolcpus", "intel-hybrid",
-                         "kvm-ci-vm", "kvm-socket-per-vcpu", "xeon-2socket"]
+                         "kvm-ci-vm", "kvm-socket-per-vcpu", "qemu-2node", "xeon-2socket"]
 
 
 @pytest.mark.parametrize("tree", ALL_TREES)
@@ -62,6 +62,20 @@ def test_counts_agree_with_lscpu_sysroot(tree):
     assert_agrees_with_lscpu(result, fields)
     assert result["model_name"] == fields["Model name"]
     assert len(result["caches"]["l3"]) == int(fields["L3 cache"].split("(")[1].split()[0])
+
+
+def test_qemu_two_nodes_captured_on_a_real_kernel():
+    # numactl --hardware in the same boot: node 0 cpus 0, size 1510 MB; node 1 cpus 1, size 1465 MB; distances
+    # 10 20 / 20 10 (tests/fixtures/jinja/vm-topology-tools).
+    result = facts("qemu-2node")
+    assert (result["sockets"], result["physical_cores"], result["logical_cpus"]) == (2, 2, 2)
+    assert result["numa_nodes"] == [
+        {"id": 0, "cpus": [0], "memory_mb": 1510, "distances": [10, 20]},
+        {"id": 1, "cpus": [1], "memory_mb": 1465, "distances": [20, 10]}]
+    # One process on one node: its CPUs and its memory stay local; each node's own choice for one per node.
+    assert (result["recommended"]["cpus"], result["recommended"]["numa_node"]) == ([0], 0)
+    assert [(n["numa_node"], n["cpus"], n["threads"]) for n in result["recommended"]["per_node"]] == [
+        (0, [0], 1), (1, [1], 1)]
 
 
 def test_xeon_two_sockets_with_repeating_core_ids():

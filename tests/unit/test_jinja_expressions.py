@@ -17,6 +17,7 @@ import contextlib
 import os
 import warnings
 
+import cpu_topology
 import pytest
 from conftest import FIXTURES, ROOT, read, role_module
 
@@ -269,6 +270,27 @@ def test_rollback_finds_the_units_it_created():
         "/etc/systemd/system/llm-inference.service", "/etc/systemd/system/llmtune-cstates.service"]
 
 
+# --- roles/numa -----------------------------------------------------------------------------------------------
+
+def _nodes(count):
+    return {"cpu_topology": {"numa_nodes": [{"id": node} for node in range(count)]}}
+
+
+@pytest.mark.parametrize("disable, facts, off", [
+    # The kernel balances only between two or more nodes (mm/mempolicy.c, check_numabalancing_enable).
+    (True, _nodes(2), True),
+    (True, _nodes(1), False),
+    # No NUMA sysfs (a kernel without CONFIG_NUMA): no node listed, and no sysctl either.
+    (True, _nodes(0), False),
+    # Without the topology facts the role cannot tell: as asked.
+    (True, {}, True),
+    (False, _nodes(2), False),
+])
+def test_numa_balancing_turned_off_only_with_two_or_more_nodes(disable, facts, off):
+    expr = load("roles/numa/vars/main.yml")["__numa_balancing_off"]
+    assert render(expr, numa_balancing_disable=disable, ansible_facts=facts) is off
+
+
 # --- roles/inference_service, roles/autotune, roles/grub, roles/fleet_report ----------------------------------
 
 @pytest.mark.parametrize("listen, loopback", [
@@ -489,6 +511,30 @@ def test_vm_checks_parse_grep_output():
     assert observed["cmdline intel_idle.max_cstate"] == "absent"
     assert observed["swap lines in fstab"] == "none" and observed["swap areas in use"] == "none"
     assert observed["vm.swappiness"] == "1"
+
+
+@pytest.mark.parametrize("engine, memory_mb, wrong", [
+    # The engine as the numa role binds it on the two-node VM: CPU 0, memory policy bind to node 0.
+    (["cpus_allowed=0", "mems_allowed=0-1", "mempolicy=bind:0"], 1510, []),
+    # Unpinned and unbound, where the service ignored the binding.
+    (["cpus_allowed=0-1", "mems_allowed=0-1", "mempolicy=default"], 1510,
+     ["engine Cpus_allowed_list", "engine memory policy"]),
+    # A node size cpu_topology got wrong.
+    (["cpus_allowed=0", "mems_allowed=0-1", "mempolicy=bind:0"], 1024, ["NUMA node MiB (numactl)"]),
+])
+def test_vm_checks_topology_agrees_with_lscpu_and_numactl(engine, memory_mb, wrong):
+    topology = cpu_topology.gather(os.path.join(FIXTURES, "topology", "qemu-2node"))
+    topology["numa_nodes"][0]["memory_mb"] = memory_mb
+    compare = task("tests/vm/checks.yml", "Compare the topology with lscpu's and numactl's")
+    rows = render(compare["vars"]["__rows"], vm_checks_tools={"stdout_lines": read(JINJA, "vm-topology-tools").splitlines()},
+                  vm_checks_topology={"ansible_facts": {"cpu_topology": topology}},
+                  vm_checks_engine={"stdout": "\n".join(engine), "stdout_lines": engine})
+    assert rows["want"]["NUMA node CPUs (numactl)"] == rows["want"]["NUMA node CPUs (lscpu)"] == "0:0; 1:1"
+    assert rows["want"]["NUMA node MiB (numactl)"] == "0:1510; 1:1465"
+    assert rows["want"]["NUMA distances (numactl)"] == "10 20; 20 10"
+    assert rows["want"]["sockets, physical cores"] == "2, 2"
+    assert rows["got"]["engine Mems_allowed_list"] == "0-1" and "engine Mems_allowed_list" not in rows["want"]
+    assert sorted(key for key in rows["want"] if rows["want"][key] != rows["got"][key]) == wrong
 
 
 def test_tuned_services_from_systemctl_show():

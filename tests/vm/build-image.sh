@@ -9,13 +9,14 @@ if [ -f "$VM_BASE_IMAGE" ]; then
   log "image $VM_BASE_IMAGE present"
   exit 0
 fi
-vm_need_packages debootstrap:debootstrap sfdisk:fdisk mkfs.ext4:e2fsprogs partx:util-linux losetup:mount
+vm_need_packages debootstrap:debootstrap sfdisk:fdisk mkfs.ext4:e2fsprogs partx:util-linux losetup:mount \
+  ssh-keygen:openssh-client
 
 # Packages the scenario needs in the guest, so nothing is installed from the network at test time:
 # python3-venv/-packaging for the inference service's venv, python3-apt for Ansible's package module,
-# libgomp1 for llama.cpp.
+# libgomp1 for llama.cpp, numactl for the checks' view of the NUMA nodes.
 include=systemd-sysv,dbus,udev,kmod,procps,iproute2,openssh-server,sudo,ca-certificates,initramfs-tools,\
-python3,python3-venv,python3-packaging,python3-apt,libgomp1
+python3,python3-venv,python3-packaging,python3-apt,libgomp1,numactl
 disk_gb=8
 swap_mb=512
 
@@ -27,7 +28,7 @@ cleanup() {
   if [ -n "$uuid_link" ]; then rm -f "$uuid_link"; rmdir /dev/disk/by-uuid /dev/disk 2>/dev/null || true; fi
   if mountpoint -q "$mnt"; then umount -R "$mnt"; fi
   if [ -n "$loop" ]; then partx -d "$loop" 2>/dev/null || true; losetup -d "$loop"; fi
-  rm -f "$tmp" "$tmp.vmlinuz"
+  rm -f "$tmp" "$tmp.vmlinuz" "$tmp.id_ed25519" "$tmp.id_ed25519.pub"
 }
 trap cleanup EXIT
 
@@ -69,6 +70,8 @@ Name=en* eth*
 DHCP=ipv4
 NET
 install -d -m 0700 "$mnt/root/.ssh"
+ssh-keygen -q -t ed25519 -N '' -C llmtune-vm-test -f "$tmp.id_ed25519"
+install -m 0600 "$tmp.id_ed25519.pub" "$mnt/root/.ssh/authorized_keys"
 # Each boot generates its own machine-id.
 : > "$mnt/etc/machine-id"
 
@@ -106,6 +109,8 @@ partx -d "$loop" 2>/dev/null || true
 losetup -d "$loop"
 loop=
 mv "$tmp.vmlinuz" "$VM_BASE_IMAGE.vmlinuz"
+mv "$tmp.id_ed25519" "$VM_BASE_KEY"
+mv "$tmp.id_ed25519.pub" "$VM_BASE_KEY.pub"
 mv "$tmp" "$VM_BASE_IMAGE"
 # Images of older versions of this script are dead weight.
 find "$LLMTUNE_VM_DIR" -maxdepth 1 -name 'bookworm-*.raw*' ! -name "$(basename "$VM_BASE_IMAGE")*" -delete

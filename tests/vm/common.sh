@@ -5,13 +5,18 @@ VM_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 . "$VM_SCRIPTS/../../scripts/env.sh"
 
 export LLMTUNE_VM_DIR=${LLMTUNE_VM_DIR:-$LLMTUNE_CACHE/vm}
-# One run's files: disk copy, SSH key pair, pidfile, serial log, port, logs.
+# One run's files: disk overlay, SSH key, pidfile, serial log, port, logs.
 export LLMTUNE_VM_RUN=${LLMTUNE_VM_RUN:-$LLMTUNE_VM_DIR/run}
 # The base image is named after build-image.sh's hash: changing the script rebuilds it.
 VM_BASE_IMAGE=$LLMTUNE_VM_DIR/bookworm-$(sha256sum "$VM_SCRIPTS/build-image.sh" | cut -c1-12).raw
+# The SSH key pair made with the image (its public half in the image's authorized_keys), copied for each run.
+VM_BASE_KEY=$VM_BASE_IMAGE.id_ed25519
 VM_KEY=$LLMTUNE_VM_RUN/id_ed25519
 VM_MEMORY_MB=${LLMTUNE_VM_MEMORY_MB:-3072}
 VM_CPUS=${LLMTUNE_VM_CPUS:-2}
+# Sockets, each its own NUMA node with an equal share of the CPUs and memory (issue #19: servers that run CPU
+# inference mostly have several); 1 boots a single-node machine.
+VM_NUMA_NODES=${LLMTUNE_VM_NUMA_NODES:-2}
 mkdir -p "$LLMTUNE_VM_DIR" "$LLMTUNE_VM_RUN"
 
 log() { printf '== %s %s\n' "$(date +%T)" "$*"; }
