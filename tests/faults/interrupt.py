@@ -4,16 +4,19 @@
     interrupt.py --play "Tune the OS" [--tasks N | --tasks-from-check] [--seed S] \
         -- ansible-playbook -i INV playbook.yml [-e ...]
 
-Runs the command in its own process group with the default stdout callback and counts the ``TASK [...]`` headers
-printed after the header of the play named ``--play``. At the K-th of them (K drawn uniformly from 1 to N with
+Runs the command in its own process group with the default stdout callback and counts the ``TASK [...]`` and
+``RUNNING HANDLER [...]`` headers printed after the header of the play named ``--play`` (handlers count: a kill
+inside a handler's restart is the case that leaves a stale service, and the JSON callback, whose report gives
+``--tasks`` in the molecule scenarios, records handlers as tasks). At the K-th of them (K drawn uniformly from 1 to N with
 ``--seed``, or a fresh seed), it waits a random 0-2 s, so the kill lands inside the task rather than at its start,
 and sends SIGKILL to the whole group: no handler, rescue or ``always`` runs, as with a real kill.
 
 N is ``--tasks``; or, with ``--tasks-from-check``, the task headers of that play in a run of the same command with
 ``--check`` first (what roles include at run time is counted; a task that check mode steers elsewhere may make N
 differ a little from the real run's); or the tasks of that play in ``ansible-playbook --list-tasks`` (tasks that roles
-include at run time are not listed there). Prints one JSON line: seed, K, N, the task killed in, the
-seconds the run had lasted, and the run's exit status (-9 when killed, or its own code when it ended before task K).
+include at run time are not listed there, nor are handlers). Prints one JSON line: seed, K, N, the task killed in,
+the headers seen, the seconds the run had lasted, and the run's exit status (-9 when killed, or its own code when it
+ended before task K).
 Exits 0 when the run was killed, 1 when it ended first.
 """
 
@@ -27,7 +30,7 @@ import subprocess
 import sys
 import time
 
-TASK = re.compile(r"^TASK \[(.*)\] \*+$")
+TASK = re.compile(r"^(?:TASK|RUNNING HANDLER) \[(.*)\] \*+$")
 PLAY = re.compile(r"^PLAY \[(.*)\] \*+$")
 
 
@@ -47,7 +50,7 @@ def listed_tasks(command, play):
 
 
 def play_tasks(lines, play):
-    """Yield the name of each ``TASK [...]`` header printed under the play named PLAY, from output LINES."""
+    """Yield the name of each task and handler header printed under the play named PLAY, from output LINES."""
     inside = False
     for line in lines:
         line = line.rstrip("\n")
@@ -74,8 +77,9 @@ def main():
         parser.error("no command after --")
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     rng = random.Random(seed)
-    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="default", ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0",
-               PYTHONUNBUFFERED="1")
+    # Skipped and ok tasks shown: otherwise the default callback prints a header only with a result to show.
+    env = dict(os.environ, ANSIBLE_STDOUT_CALLBACK="default", ANSIBLE_DISPLAY_SKIPPED_HOSTS="1",
+               ANSIBLE_DISPLAY_OK_HOSTS="1", ANSIBLE_NOCOLOR="1", ANSIBLE_FORCE_COLOR="0", PYTHONUNBUFFERED="1")
     if args.tasks:
         total = args.tasks
     elif args.tasks_from_check:
@@ -93,8 +97,9 @@ def main():
     start = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
-    task = None
-    for seen, name in enumerate(play_tasks(proc.stdout, args.play), 1):
+    task, seen = None, 0
+    for name in play_tasks(proc.stdout, args.play):
+        seen += 1
         if seen == target:
             task = name
             time.sleep(delay)
@@ -103,7 +108,7 @@ def main():
     rc = proc.wait()
     proc.stdout.close()
     print(json.dumps({"seed": seed, "task_number": target, "tasks": total, "task": task,
-                      "killed_after_s": round(time.monotonic() - start, 1), "rc": rc}))
+                      "seen": seen, "killed_after_s": round(time.monotonic() - start, 1), "rc": rc}))
     return 0 if task is not None else 1
 
 
