@@ -1,8 +1,8 @@
 #!/bin/sh
 # unit-inputs.sh MODE UNIT [FILE...]: what the running service of systemd unit UNIT was started from - its unit file,
-# the folder of its program (a new engine is unpacked with the files' old times, into a new folder) and every other
-# absolute path on its command line (the model) - from systemctl(1) show (MainPID, ExecMainStartTimestampMonotonic,
-# FragmentPath, ExecStart).
+# its drop-ins (a template unit's instance settings), the folder of its program (a new engine is unpacked with the
+# files' old times, into a new folder) and every other absolute path on its command line (the model) - from
+# systemctl(1) show (MainPID, ExecMainStartTimestampMonotonic, FragmentPath, DropInPaths, ExecStart).
 #   stale        those (or, when given, each FILE) changed since its main process started, one per line; nothing
 #                when none did or no process runs. A run interrupted between writing such a file and restarting the
 #                service leaves that behind.
@@ -21,11 +21,15 @@ shift 2
 started_us=$(systemctl show --property ExecMainStartTimestampMonotonic --value "$unit")
 pid=$(systemctl show --property MainPID --value "$unit")
 fragment=$(systemctl show --property FragmentPath --value "$unit")
+dropins=$(systemctl show --property DropInPaths --value "$unit")
 command=$(systemctl show --property ExecStart --value "$unit")
 # ExecStart reads "{ path=PROGRAM ; argv[]=PROGRAM WORD ... ; ignore_errors=no ; ... }".
 program=$(printf '%s\n' "$command" | sed -n 's/^{ path=\([^ ;]*\) ;.*/\1/p')
 inputs=
 [ -n "$fragment" ] && [ -e "$fragment" ] && inputs=$fragment
+for dropin in $dropins; do
+  [ -e "$dropin" ] && inputs="$inputs $dropin"
+done
 [ -n "$program" ] && [ -e "$program" ] && inputs="$inputs $(dirname "$program")"
 for word in $(printf '%s\n' "$command" | sed -n 's/.*argv\[\]=[^ ;]* \([^;]*\);.*/\1/p'); do
   case $word in

@@ -147,6 +147,7 @@ import http.client
 import os
 import pwd
 import shlex
+import re
 import signal
 import subprocess
 import time
@@ -197,12 +198,30 @@ def with_port(argv, port):
     return out
 
 
+def expand(argv, env):
+    """ARGV with the unit's environment variables substituted as systemd does when it starts the command.
+
+    systemd.service(5), Command lines: ``${FOO}`` (a word or part of one) becomes FOO's value as one argument;
+    ``$FOO`` as a word of its own becomes FOO's value split at whitespace (zero or more arguments); ``$$`` is ``$``.
+    A template unit's instances take their port and threads so (inference_service layout per_node).
+    """
+    out = []
+    for arg in argv:
+        whole = re.fullmatch(r"\$([A-Za-z_][A-Za-z0-9_]*)", arg)
+        if whole:
+            out.extend(env.get(whole.group(1), "").split())
+            continue
+        out.append(re.sub(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}",
+                          lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), ""), arg))
+    return out
+
+
 def twin_spec(show, port):
     """What to run: (argv, environment additions, user, group, CPUs or None) from parsed `systemctl show`."""
     if not show.get("ExecStart"):
         raise DirectError("the unit has no ExecStart (is it installed?)")
-    argv = with_port(exec_argv(show["ExecStart"]), port)
     env = dict(item.split("=", 1) for item in shlex.split(show.get("Environment", "")) if "=" in item)
+    argv = with_port(expand(exec_argv(show["ExecStart"]), env), port)
     cpus = parse_cpu_list(",".join(show.get("CPUAffinity", "").split())) or None
     if show.get("NUMAPolicy") and show["NUMAPolicy"] not in ("default", "n/a") and show.get("NUMAMask"):
         argv = ["numactl", "--membind=" + ",".join(show["NUMAMask"].split())] + argv

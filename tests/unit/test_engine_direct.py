@@ -34,6 +34,26 @@ def test_numa_binding_runs_under_numactl():
     assert argv[:2] == ["numactl", "--membind=1"]
 
 
+def test_an_instance_of_a_template_unit_runs_with_its_drop_ins_port_and_threads():
+    # systemd substitutes ${LLMTUNE_PORT} when it starts the command; `systemctl show` prints it unsubstituted.
+    argv, env, _user, _group, cpus = ed.twin_spec(show("show-instance"), 8100)
+    assert argv[argv.index("--port") + 1] == "8100"
+    assert argv[argv.index("--threads") + 1] == argv[argv.index("--threads-batch") + 1] == "2"
+    assert not [arg for arg in argv if "$" in arg]
+    assert (env["LLMTUNE_PORT"], cpus) == ("8001", [2, 3])
+
+
+@pytest.mark.parametrize("argv, expanded", [
+    (["e", "--threads", "${T}"], ["e", "--threads", "4"]),
+    (["e", "--x=${T}${T}"], ["e", "--x=44"]),
+    (["e", "$ARGS", "z"], ["e", "-a", "b", "z"]),
+    (["e", "$UNSET", "${UNSET}"], ["e", ""]),
+    (["e", "$$T", "a$$b"], ["e", "$T", "a$b"]),
+])
+def test_environment_substitution_as_systemd_does_it(argv, expanded):
+    assert ed.expand(argv, {"T": "4", "ARGS": "-a  b"}) == expanded
+
+
 @pytest.mark.parametrize("exec_start, message", [
     ("", "the unit has no ExecStart (is it installed?)"),
     ("{ path=/bin/engine ; argv[]=/bin/engine --host 127.0.0.1 ; ignore_errors=no }",

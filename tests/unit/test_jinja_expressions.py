@@ -503,7 +503,7 @@ def test_vm_checks_parse_grep_output():
                                    "#llmtune# /swapfile none swap sw 0 0")
     variables = {name: trust_as_template(value) if isinstance(value, str) else value
                  for name, value in play["vars"].items()}
-    variables.update(vm_checks_text=files, vm_checks_unit_states={}, vm_checks_answer={})
+    variables.update(vm_checks_text=files, vm_checks_unit_states={}, vm_checks_answer={}, vm_checks_nodes=2)
     parse = task("tests/vm/checks.yml", "Parse the observed values")["ansible.builtin.set_fact"]["vm_checks_observed"]
     observed = render(parse, **variables)
     assert observed["THP enabled"] == "always" and observed["THP defrag"] == "madvise"
@@ -513,28 +513,51 @@ def test_vm_checks_parse_grep_output():
     assert observed["vm.swappiness"] == "1"
 
 
-@pytest.mark.parametrize("engine, memory_mb, wrong", [
-    # The engine as the numa role binds it on the two-node VM: CPU 0, memory policy bind to node 0.
-    (["cpus_allowed=0", "mems_allowed=0-1", "mempolicy=bind:0"], 1510, []),
+E0, E1 = "llm-inference@0.service", "llm-inference@1.service"
+
+
+@pytest.mark.parametrize("engines, lines, memory_mb, wrong", [
+    # One engine per node as the VM runs them: each on its node's core, memory bound there.
+    ([E0, E1], [E0 + " cpus_allowed=0", E0 + " mems_allowed=0-1", E0 + " mempolicy=bind:0",
+                E1 + " cpus_allowed=1", E1 + " mems_allowed=0-1", E1 + " mempolicy=bind:1"], 1510, []),
+    # The second engine on the first node's core and memory.
+    ([E0, E1], [E0 + " cpus_allowed=0", E0 + " mems_allowed=0-1", E0 + " mempolicy=bind:0",
+                E1 + " cpus_allowed=0", E1 + " mems_allowed=0-1", E1 + " mempolicy=bind:0"], 1510,
+     ["engine@1 Cpus_allowed_list", "engine@1 memory policy"]),
+    # One engine, as the numa role binds it on the two-node VM: CPU 0, memory policy bind to node 0.
+    (["llm-inference.service"], ["llm-inference.service cpus_allowed=0", "llm-inference.service mems_allowed=0-1",
+                                 "llm-inference.service mempolicy=bind:0"], 1510, []),
     # Unpinned and unbound, where the service ignored the binding.
-    (["cpus_allowed=0-1", "mems_allowed=0-1", "mempolicy=default"], 1510,
+    (["llm-inference.service"], ["llm-inference.service cpus_allowed=0-1", "llm-inference.service mems_allowed=0-1",
+                                 "llm-inference.service mempolicy=default"], 1510,
      ["engine Cpus_allowed_list", "engine memory policy"]),
     # A node size cpu_topology got wrong.
-    (["cpus_allowed=0", "mems_allowed=0-1", "mempolicy=bind:0"], 1024, ["NUMA node MiB (numactl)"]),
+    ([E0, E1], [E0 + " cpus_allowed=0", E0 + " mempolicy=bind:0", E1 + " cpus_allowed=1", E1 + " mempolicy=bind:1"],
+     1024, ["NUMA node MiB (numactl)"]),
 ])
-def test_vm_checks_topology_agrees_with_lscpu_and_numactl(engine, memory_mb, wrong):
+def test_vm_checks_topology_agrees_with_lscpu_and_numactl(engines, lines, memory_mb, wrong):
     topology = cpu_topology.gather(os.path.join(FIXTURES, "topology", "qemu-2node"))
     topology["numa_nodes"][0]["memory_mb"] = memory_mb
     compare = task("tests/vm/checks.yml", "Compare the topology with lscpu's and numactl's")
     rows = render(compare["vars"]["__rows"], vm_checks_tools={"stdout_lines": read(JINJA, "vm-topology-tools").splitlines()},
-                  vm_checks_topology={"ansible_facts": {"cpu_topology": topology}},
-                  vm_checks_engine={"stdout": "\n".join(engine), "stdout_lines": engine})
+                  vm_checks_topology={"ansible_facts": {"cpu_topology": topology}}, vm_checks_engines=engines,
+                  vm_checks_engine={"stdout": "\n".join(lines), "stdout_lines": lines})
     assert rows["want"]["NUMA node CPUs (numactl)"] == rows["want"]["NUMA node CPUs (lscpu)"] == "0:0; 1:1"
     assert rows["want"]["NUMA node MiB (numactl)"] == "0:1510; 1:1465"
     assert rows["want"]["NUMA distances (numactl)"] == "10 20; 20 10"
     assert rows["want"]["sockets, physical cores"] == "2, 2"
-    assert rows["got"]["engine Mems_allowed_list"] == "0-1" and "engine Mems_allowed_list" not in rows["want"]
+    label = "engine@0" if len(engines) > 1 else "engine"
+    assert rows["got"][label + " Mems_allowed_list"] in ("0-1", "") and label + " Mems_allowed_list" not in rows["want"]
     assert sorted(key for key in rows["want"] if rows["want"][key] != rows["got"][key]) == wrong
+
+
+def test_vm_checks_engine_names_follow_the_nodes_the_vm_boots():
+    play = load("tests/vm/checks.yml")[0]
+    assert render(play["vars"]["vm_checks_engines"], vm_checks_nodes=2) == [E0, E1]
+    assert render(play["vars"]["vm_checks_engines"], vm_checks_nodes=1) == ["llm-inference.service"]
+    services = render(play["vars"]["vm_checks_services"], vm_checks_engines=[E0, E1])
+    assert services == {"llmtune-cstates.service": "running", E0: "running", E1: "running",
+                        "llm-inference-engine-access.service": "exited", "nginx.service": "running"}
 
 
 def test_tuned_services_from_systemctl_show():
@@ -577,15 +600,23 @@ def test_vm_checks_weights_locked(locked, weights, verdict):
                  for name, value in play["vars"].items()}
     lines = read(JINJA, "vm-grep-tuned").splitlines()
     split = task("tests/vm/checks.yml", "Split the output by file")["ansible.builtin.set_fact"]["vm_checks_text"]
-    engine = {"stdout": "x", "stdout_lines": [f"locked_kb={locked}", "model=/opt/llmtune/models/tiny-bf16.gguf",
-                                               "cpu_backend=libggml-cpu-haswell.so"]}
-    variables.update(vm_checks_text=render(split, vm_checks_grep={"stdout_lines": lines}),
-                     vm_checks_unit_states={}, vm_checks_answer={}, vm_checks_engine=engine,
+    # Each engine's lines, then the host's: the rule's table and the requests nginx's access log shows per engine.
+    engine = [f"{E0} locked_kb={locked}", f"{E0} model=/opt/llmtune/models/tiny-bf16.gguf",
+              f"{E0} cpu_backend=libggml-cpu-haswell.so", f"{E0} port=8000",
+              f"{E1} locked_kb={weights + 3}", f"{E1} cpu_backend=libggml-cpu-haswell.so", f"{E1} port=8001",
+              "host access_rule=loaded", "host served_127.0.0.1:8000=3"]
+    variables.update(vm_checks_text=render(split, vm_checks_grep={"stdout_lines": lines}), vm_checks_nodes=2,
+                     vm_checks_unit_states={}, vm_checks_answer={}, vm_checks_engine={"stdout": "x", "stdout_lines": engine},
                      vm_checks_weights={"stdout_lines": [f"weights_kb={weights}"]})
     parse = task("tests/vm/checks.yml", "Parse the observed values")["ansible.builtin.set_fact"]["vm_checks_observed"]
     observed = render(parse, **variables)
-    assert observed["weights locked (VmLck)"] == verdict
-    assert observed["llama.cpp CPU backend"] == "libggml-cpu-haswell.so"
+    assert observed["engine@0 weights locked (VmLck)"] == verdict
+    assert observed["engine@1 weights locked (VmLck)"] == "yes"
+    assert observed["engine@0 llama.cpp CPU backend"] == "libggml-cpu-haswell.so"
+    assert observed["engine@0 requests served through nginx"] == "3 (port 8000)"
+    # An engine nginx never sent a request to.
+    assert observed["engine@1 requests served through nginx"] == "0 (port 8001)"
+    assert observed["engine access rule (nftables)"] == "loaded"
 
 
 # --- roles/autotune: the candidates the operator allows, and the choice among what was measured ---------------
@@ -937,3 +968,58 @@ def test_twin_skipped_for_memory_is_said_in_the_report():
     text = render_template_file("roles/benchmark/templates/report.txt.j2", __benchmark_result=result,
                                 __benchmark_twin_row=row, benchmark_direct_max_gap_percent=5)
     assert "direct run: none (not enough memory for the twin beside the service: VmRSS 7901 MiB" in text
+
+
+# --- roles/inference_service: the engines of each layout, from real machines' topologies ------------------------------
+
+def service_vars(fixture, **overrides):
+    """The role's defaults and vars, with the cpu_topology facts of FIXTURE (as the topology role sets them)."""
+    variables = {name: trust_as_template(value) if isinstance(value, str) else value
+                 for relpath in ("roles/inference_service/defaults/main.yml", "roles/inference_service/vars/main.yml")
+                 for name, value in load(relpath).items()}
+    facts = cpu_topology.gather(os.path.join(FIXTURES, "topology", fixture))
+    variables.update(cpu_topology=facts, ansible_facts={"cpu_topology": facts}, **overrides)
+    return variables
+
+
+@pytest.mark.parametrize("fixture, layout, permitted, expected", [
+    # Two sockets, one node each, 2 physical cores per node (SMT siblings left out).
+    ("qemu-2node", "per_node", True, [
+        {"unit": "llm-inference@0.service", "node": 0, "port": 8000, "cpus": "0", "threads": 1, "numa_policy": "bind",
+         "numa_mask": "0"},
+        {"unit": "llm-inference@1.service", "node": 1, "port": 8001, "cpus": "1", "threads": 1, "numa_policy": "bind",
+         "numa_mask": "1"}]),
+    # Where set_mempolicy(2) is refused (container seccomp), pinned to the node's cores, memory unbound.
+    ("qemu-2node", "per_node", None, [
+        {"unit": "llm-inference@0.service", "node": 0, "port": 8000, "cpus": "0", "threads": 1, "numa_policy": "",
+         "numa_mask": ""},
+        {"unit": "llm-inference@1.service", "node": 1, "port": 8001, "cpus": "1", "threads": 1, "numa_policy": "",
+         "numa_mask": ""}]),
+    ("qemu-2node", "single", True, [
+        {"unit": "llm-inference.service", "node": None, "port": 8000, "cpus": "0", "threads": 1, "numa_policy": "",
+         "numa_mask": ""}]),
+    # One node: one engine, whatever the layout asks.
+    ("epyc-1socket", "per_node", True, [
+        {"unit": "llm-inference.service", "node": None, "port": 8000, "cpus": "0 1 2 3 4 5 6 7", "threads": 8,
+         "numa_policy": "", "numa_mask": ""}]),
+])
+def test_the_engines_of_each_layout(fixture, layout, permitted, expected):
+    variables = service_vars(fixture, inference_service_layout=layout)
+    variables["cpu_topology"]["numa_policy_permitted"] = permitted
+    instances = render("{{ __inference_service_instances }}", **variables)
+    assert instances == expected
+    assert render("{{ __inference_service_engine_access_ports }}", **variables) == [i["port"] for i in expected] + [8100]
+
+
+def test_each_node_of_a_two_socket_xeon_gets_its_own_cores():
+    variables = service_vars("xeon-2socket", inference_service_layout="per_node")
+    variables["cpu_topology"]["numa_policy_permitted"] = True
+    instances = render("{{ __inference_service_instances }}", **variables)
+    topology = variables["cpu_topology"]
+    assert [i["node"] for i in instances] == [node["id"] for node in topology["numa_nodes"]]
+    for instance, node in zip(instances, topology["numa_nodes"]):
+        cpus = [int(cpu) for cpu in instance["cpus"].split()]
+        assert set(cpus) <= set(node["cpus"]) and instance["threads"] == len(cpus)
+        # One CPU per physical core: no two are SMT siblings.
+        assert len({(core["socket"], core["core_id"]) for core in topology["cores"] for cpu in cpus
+                    if cpu in core["cpus"]}) == len(cpus)

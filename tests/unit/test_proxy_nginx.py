@@ -33,9 +33,14 @@ def render(template, dest, variables):
 
 
 @pytest.fixture(scope="module")
-def proxy(inference_server, tmp_path_factory):
+def prefix(tmp_path_factory):
+    """nginx's folder: configuration, logs."""
+    return tmp_path_factory.mktemp("nginx")
+
+
+@pytest.fixture(scope="module")
+def proxy(inference_server, prefix):
     """nginx with the role's site in front of the served tiny proxy; yields its port."""
-    prefix = tmp_path_factory.mktemp("nginx")
     upstream = urllib.parse.urlsplit(inference_server).netloc
     port = free_port()
     variables = {"inference_proxy_name": "llm-test", "inference_proxy_listen": "127.0.0.1", "inference_proxy_port": port,
@@ -46,6 +51,7 @@ def proxy(inference_server, tmp_path_factory):
                  "inference_proxy_max_output_tokens": MAX_OUTPUT_TOKENS,
                  # transformers serve checks no key of its own: nginx sends it none.
                  "inference_proxy_backend_api_key": "",
+                 "inference_proxy_access_log": str(prefix / "access.log"),
                  "__inference_proxy_key_file": str(prefix / "key.conf"),
                  "__inference_proxy_backend_auth_file": str(prefix / "backend-auth.conf"),
                  "__inference_proxy_checks_file": os.path.join(ROOT, "roles", "inference_proxy", "files",
@@ -178,6 +184,15 @@ def test_the_longest_allowed_output_and_the_models_list_pass(proxy, tiny_proxy_d
     assert post(proxy, "/v1/completions", {"model": str(tiny_proxy_dir), "prompt": "", "max_tokens": 2})[0] == 400
     code, models = post(proxy, "/v1/models", None, method="GET")
     assert code == 200 and models["data"]
+
+
+def test_the_access_log_names_the_engine_of_each_request(proxy, prefix, inference_server, tiny_proxy_dir):
+    # With one engine per NUMA node, the log shows how nginx spread the requests and which engine failed.
+    assert post(proxy, "/v1/chat/completions", good_request(str(tiny_proxy_dir)))[0] == 200
+    upstream = urllib.parse.urlsplit(inference_server).netloc
+    lines = [line for line in (prefix / "access.log").read_text().splitlines() if '"POST /v1/chat/completions' in line]
+    assert f"upstream={upstream} upstream_status=200 " in lines[-1]
+    assert KEY not in (prefix / "access.log").read_text()
 
 
 def test_a_bad_request_never_fails_the_next_clients_request(proxy, tiny_proxy_dir):
