@@ -141,6 +141,21 @@ options:
         the levels (the wait before the first request is still meaningful).
     type: int
     default: 0
+  more_urls:
+    description:
+      - Base URLs of further engines of the same service (the inference_service role's layout C(per_node), one
+        engine per NUMA node). Request I of a level goes to engine I modulo their number, O(url) first, as clients
+        spread evenly over them; the level's figures are the aggregate, and RV(levels[].engines) gives each
+        engine's. Not with O(twin_url) (a twin copies one engine).
+    type: list
+    elements: str
+    default: []
+  more_engine_pids:
+    description:
+      - PIDs of the engines of O(more_urls), counted with O(engine_pid) as engine CPU time.
+    type: list
+    elements: int
+    default: []
   twin_url:
     description:
       - Base URL of a second server to compare with the first, request by request; meant for the same engine and
@@ -424,6 +439,12 @@ levels:
     samples:
       description: Per successful request, in start order, C(ttft_ms), C(e2e_ms), C(output_tokens),
         C(decode_tokens_per_s).
+      type: list
+      elements: dict
+    engines:
+      description: With O(more_urls), each engine's share of the level, O(url) first; C(url), C(requests),
+        C(errors), C(output_tokens), C(ttft_ms_p50), C(decode_tokens_per_s_p50) (null without successes).
+      returned: with O(more_urls)
       type: list
       elements: dict
 summary:
@@ -899,19 +920,37 @@ def _mean_of(results, key):
 
 
 def engine_pids(params):
-    """The engine processes of a run: the service's and its twin's, those known."""
-    return [pid for pid in (params["engine_pid"], params["twin_engine_pid"]) if pid]
+    """The engine processes of a run: the service's (every engine's) and its twin's, those known."""
+    return [pid for pid in [params["engine_pid"], params["twin_engine_pid"]] + params["more_engine_pids"] if pid]
 
 
-def run_level(url, model, params, concurrency, first_index):
-    """Run params["requests"] requests with CONCURRENCY in flight, prompts from FIRST_INDEX on; the level's figures."""
-    jobs = [prompt_for(params, first_index + i) for i in range(params["requests"])]
+def engine_figures(urls, results):
+    """Each engine's share of a level: its requests, errors, output tokens and medians (RV(levels[].engines))."""
+    out = []
+    for which, url in enumerate(urls):
+        mine = results[which::len(urls)]
+        ok = [r for r in mine if "error" not in r]
+        out.append({"url": url, "requests": len(mine), "errors": len(mine) - len(ok),
+                    "output_tokens": sum(r["output_tokens"] for r in ok),
+                    "ttft_ms_p50": percentiles([r["ttft_ms"] for r in ok], (50,))["p50"],
+                    "decode_tokens_per_s_p50": percentiles([r["decode_tokens_per_s"] for r in ok
+                                                            if "decode_tokens_per_s" in r], (50,))["p50"]})
+    return out
+
+
+def run_level(urls, model, params, concurrency, first_index):
+    """Run params["requests"] requests with CONCURRENCY in flight, prompts from FIRST_INDEX on, request I to engine
+    URLS[I mod len(URLS)]; the level's figures, and each engine's when there are several."""
+    jobs = [(urls[i % len(urls)], prompt_for(params, first_index + i)) for i in range(params["requests"])]
     cpu_before = cpu_sample(engine_pids(params))
     start = time.perf_counter()
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
-        results = list(pool.map(lambda prompt: _attempt(url, model, prompt, params), jobs))
+        results = list(pool.map(lambda job: _attempt(job[0], model, job[1], params), jobs))
     wall = time.perf_counter() - start
-    return level_figures(results, wall, cpu_split(cpu_before, cpu_sample(engine_pids(params))), concurrency, params)
+    level = level_figures(results, wall, cpu_split(cpu_before, cpu_sample(engine_pids(params))), concurrency, params)
+    if len(urls) > 1:
+        level["engines"] = engine_figures(urls, results)
+    return level
 
 
 def run_paired_level(urls, model, params, concurrency, first_index):
@@ -1054,6 +1093,10 @@ def check_options(params):
         return "twin_max_rounds must be >= 0"
     if params["twin_url"] is not None and params["twin_url"].rstrip("/") == params["url"].rstrip("/"):
         return "twin_url must be another server than url"
+    if params["more_urls"] and params["twin_url"] is not None:
+        return "twin_url compares one engine with its twin: not with more_urls"
+    if len(params["more_engine_pids"]) > len(params["more_urls"]) or min(params["more_engine_pids"] or [0]) < 0:
+        return "more_engine_pids: at most one PID >= 0 per engine of more_urls"
     if not params["concurrency"] or min(params["concurrency"]) < 1:
         return "concurrency must be a non-empty list of integers >= 1"
     if params["fail_below"]:
@@ -1135,7 +1178,8 @@ def run(params, check_mode=False):
         return dict(result, skipped=True, msg="check mode: no request sent"), None, warnings
     url = params["url"].rstrip("/")
     try:
-        _endpoint(url)
+        for endpoint in [url] + params["more_urls"]:
+            _endpoint(endpoint)
         if params["twin_url"]:
             _endpoint(params["twin_url"])
         model = params["model"] or first_model(url, params["api_key"], params["timeout"])
@@ -1164,8 +1208,9 @@ def measure(params, url, model, result, warnings, lock_waited):
         warnings.append(f"other processes kept {before['other']} CPUs busy (steal {before['steal_percent']} %) "
                         f"after waiting {waited} s: figures taken now are not comparable")
     twin_url = params["twin_url"].rstrip("/") if params["twin_url"] else None
+    urls = [url] + [more.rstrip("/") for more in params["more_urls"]]
     for i in range(params["warmup"]):
-        for target in filter(None, (url, twin_url)):
+        for target in urls + ([twin_url] if twin_url else []):
             _attempt(target, model, prompt_for(params, i), params)
     levels, twin_levels, index = [], [], params["warmup"]
     for concurrency in params["concurrency"]:
@@ -1175,7 +1220,7 @@ def measure(params, url, model, result, warnings, lock_waited):
             twin_levels.append(twin)
             index += used
         else:
-            levels.append(run_level(url, model, params, concurrency, index))
+            levels.append(run_level(urls, model, params, concurrency, index))
             index += params["requests"]
     result["host_load"]["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
     result["noisy"] = any(level["noisy"] for level in levels)
@@ -1234,6 +1279,8 @@ ARGUMENT_SPEC = {
     "warmup": {"type": "int", "default": 1},
     "timeout": {"type": "float", "default": 120},
     "engine_pid": {"type": "int", "default": 0},
+    "more_urls": {"type": "list", "elements": "str", "default": []},
+    "more_engine_pids": {"type": "list", "elements": "int", "default": []},
     "twin_url": {"type": "str"},
     "twin_engine_pid": {"type": "int", "default": 0},
     "twin_max_gap_percent": {"type": "float", "default": 5.0},

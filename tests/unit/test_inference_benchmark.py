@@ -148,6 +148,10 @@ def test_fail_below_names_the_figure(inference_server, model_id):
      "fail_below.ttft_ms_p50 must be a number > 0 (a ratio to the baseline), got 'fast'"),
     ({"concurrency": [0]}, "concurrency must be a non-empty list of integers >= 1"),
     ({"url": "127.0.0.1:8000"}, "url must be http(s)://host[:port], got '127.0.0.1:8000'"),
+    ({"more_urls": ["127.0.0.1:8001"]}, "url must be http(s)://host[:port], got '127.0.0.1:8001'"),
+    ({"more_urls": ["http://127.0.0.1:8001"], "twin_url": "http://127.0.0.1:8100"},
+     "twin_url compares one engine with its twin: not with more_urls"),
+    ({"more_engine_pids": [12]}, "more_engine_pids: at most one PID >= 0 per engine of more_urls"),
 ])
 def test_bad_options_fail_before_any_request(options, message):
     result, failure, _ = bench.run(params(model="m", **options))
@@ -336,6 +340,28 @@ def test_every_request_of_a_run_sends_its_own_prompt(inference_server, model_id,
     # The same seed gives the same sequence: a run can be repeated.
     assert [bench.prompt_for(params(prompt_seed=seed, **workload), i) for i in range(8)] == \
         [bench.prompt_for(params(prompt_seed=seed, **workload), i) for i in range(8)]
+
+
+def test_requests_spread_over_every_engine_with_each_ones_figures(inference_server, model_id):
+    """One engine per NUMA node (layout per_node): request I to engine I mod N, each engine's share reported beside
+    the aggregate. Two relays in front of the served engine stand for two engines; what each forwarded is counted
+    on its own sockets, not by the module."""
+    port = int(inference_server.rsplit(":", 1)[1])
+    relays = [TimingRelay(port), TimingRelay(port)]
+    urls = [f"http://127.0.0.1:{relay.port}" for relay in relays]
+    try:
+        result, failure, _ = bench.run(params(url=urls[0], more_urls=urls[1:], model=model_id, max_tokens=4, ignore_eos=True,
+                                              warmup=1, requests=5, concurrency=[2]))
+    finally:
+        for relay in relays:
+            relay.close()
+    assert failure is None
+    # Warm-up goes to each engine once; then requests 0, 2, 4 to the first, 1, 3 to the second.
+    assert [len(relay.connections) for relay in relays] == [1 + 3, 1 + 2]
+    level = result["levels"][0]
+    assert [(e["url"], e["requests"], e["errors"]) for e in level["engines"]] == [(urls[0], 3, 0), (urls[1], 2, 0)]
+    assert sum(e["output_tokens"] for e in level["engines"]) == level["output_tokens"] == 5 * 4
+    assert all(e["ttft_ms_p50"] > 0 and e["decode_tokens_per_s_p50"] > 0 for e in level["engines"])
 
 
 @pytest.mark.parametrize("cached, evaluated, hit", [

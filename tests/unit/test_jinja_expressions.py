@@ -518,12 +518,16 @@ E0, E1 = "llm-inference@0.service", "llm-inference@1.service"
 
 @pytest.mark.parametrize("engines, lines, memory_mb, wrong", [
     # One engine per node as the VM runs them: each on its node's core, memory bound there.
-    ([E0, E1], [E0 + " cpus_allowed=0", E0 + " mems_allowed=0-1", E0 + " mempolicy=bind:0",
-                E1 + " cpus_allowed=1", E1 + " mems_allowed=0-1", E1 + " mempolicy=bind:1"], 1510, []),
+    ([E0, E1], [E0 + " cpus_allowed=0", E0 + " mems_allowed=0", E0 + " mempolicy=bind:0",
+                E1 + " cpus_allowed=1", E1 + " mems_allowed=1", E1 + " mempolicy=bind:1"], 1510, []),
     # The second engine on the first node's core and memory.
+    ([E0, E1], [E0 + " cpus_allowed=0", E0 + " mems_allowed=0", E0 + " mempolicy=bind:0",
+                E1 + " cpus_allowed=0", E1 + " mems_allowed=0", E1 + " mempolicy=bind:0"], 1510,
+     ["engine@1 Cpus_allowed_list", "engine@1 Mems_allowed_list", "engine@1 memory policy"]),
+    # Memory policy bound but the cgroup allowing every node (no cpuset controller).
     ([E0, E1], [E0 + " cpus_allowed=0", E0 + " mems_allowed=0-1", E0 + " mempolicy=bind:0",
-                E1 + " cpus_allowed=0", E1 + " mems_allowed=0-1", E1 + " mempolicy=bind:0"], 1510,
-     ["engine@1 Cpus_allowed_list", "engine@1 memory policy"]),
+                E1 + " cpus_allowed=1", E1 + " mems_allowed=0-1", E1 + " mempolicy=bind:1"], 1510,
+     ["engine@0 Mems_allowed_list", "engine@1 Mems_allowed_list"]),
     # One engine, as the numa role binds it on the two-node VM: CPU 0, memory policy bind to node 0.
     (["llm-inference.service"], ["llm-inference.service cpus_allowed=0", "llm-inference.service mems_allowed=0-1",
                                  "llm-inference.service mempolicy=bind:0"], 1510, []),
@@ -532,7 +536,8 @@ E0, E1 = "llm-inference@0.service", "llm-inference@1.service"
                                  "llm-inference.service mempolicy=default"], 1510,
      ["engine Cpus_allowed_list", "engine memory policy"]),
     # A node size cpu_topology got wrong.
-    ([E0, E1], [E0 + " cpus_allowed=0", E0 + " mempolicy=bind:0", E1 + " cpus_allowed=1", E1 + " mempolicy=bind:1"],
+    ([E0, E1], [E0 + " cpus_allowed=0", E0 + " mems_allowed=0", E0 + " mempolicy=bind:0",
+                E1 + " cpus_allowed=1", E1 + " mems_allowed=1", E1 + " mempolicy=bind:1"],
      1024, ["NUMA node MiB (numactl)"]),
 ])
 def test_vm_checks_topology_agrees_with_lscpu_and_numactl(engines, lines, memory_mb, wrong):
@@ -546,8 +551,9 @@ def test_vm_checks_topology_agrees_with_lscpu_and_numactl(engines, lines, memory
     assert rows["want"]["NUMA node MiB (numactl)"] == "0:1510; 1:1465"
     assert rows["want"]["NUMA distances (numactl)"] == "10 20; 20 10"
     assert rows["want"]["sockets, physical cores"] == "2, 2"
-    label = "engine@0" if len(engines) > 1 else "engine"
-    assert rows["got"][label + " Mems_allowed_list"] in ("0-1", "") and label + " Mems_allowed_list" not in rows["want"]
+    if len(engines) == 1:
+        # One engine: its Mems_allowed_list is shown, not checked.
+        assert rows["got"]["engine Mems_allowed_list"] == "0-1" and "engine Mems_allowed_list" not in rows["want"]
     assert sorted(key for key in rows["want"] if rows["want"][key] != rows["got"][key]) == wrong
 
 
@@ -963,11 +969,15 @@ def test_twin_skipped_for_memory_is_said_in_the_report():
     tsk = task(TWIN, "Say why there is no twin")
     assert condition(tsk["when"], __benchmark_result=result)
     row = render_tree(tsk["ansible.builtin.set_fact"]["__benchmark_twin_row"], __benchmark_twin_process=process,
-                      benchmark_direct_twin=True)
+                      benchmark_direct_twin=True, benchmark_more_urls=[])
     assert not condition(task(TWIN, "Name the gap between the service and its twin")["when"], __benchmark_twin_row=row)
     text = render_template_file("roles/benchmark/templates/report.txt.j2", __benchmark_result=result,
                                 __benchmark_twin_row=row, benchmark_direct_max_gap_percent=5)
     assert "direct run: none (not enough memory for the twin beside the service: VmRSS 7901 MiB" in text
+    # One engine per NUMA node: no twin was started (it copies one engine).
+    row = render_tree(tsk["ansible.builtin.set_fact"]["__benchmark_twin_row"], __benchmark_twin_process={},
+                      benchmark_direct_twin=True, benchmark_more_urls=["http://127.0.0.1:8001"])
+    assert row == {"skipped": "2 engines (one per NUMA node): a twin copies one"}
 
 
 # --- roles/inference_service: the engines of each layout, from real machines' topologies ------------------------------
@@ -1009,6 +1019,8 @@ def test_the_engines_of_each_layout(fixture, layout, permitted, expected):
     instances = render("{{ __inference_service_instances }}", **variables)
     assert instances == expected
     assert render("{{ __inference_service_engine_access_ports }}", **variables) == [i["port"] for i in expected] + [8100]
+    # Several engines get nginx in front even on loopback: clients need one endpoint.
+    assert render("{{ __inference_service_proxied }}", **variables) is (len(expected) > 1)
 
 
 def test_each_node_of_a_two_socket_xeon_gets_its_own_cores():
@@ -1023,3 +1035,42 @@ def test_each_node_of_a_two_socket_xeon_gets_its_own_cores():
         # One CPU per physical core: no two are SMT siblings.
         assert len({(core["socket"], core["core_id"]) for core in topology["cores"] for cpu in cpus
                     if cpu in core["cpus"]}) == len(cpus)
+
+
+def test_the_benchmark_measures_every_engine_the_deploy_published():
+    variables = service_vars("qemu-2node", inference_service_layout="per_node")
+    variables["cpu_topology"]["numa_policy_permitted"] = True
+    publish = task("roles/inference_service/tasks/service.yml", "Publish the endpoints for the benchmark and clients")
+    facts = publish["ansible.builtin.set_fact"]
+    endpoints = render(facts["inference_service_endpoints"], **variables)
+    assert endpoints == ["http://127.0.0.1:8000", "http://127.0.0.1:8001"]
+    # nginx is the clients' one endpoint, on the listen address and the proxy port.
+    assert render(facts["inference_service_public_endpoint"], **variables) == "http://127.0.0.1:8080"
+    instances = render("{{ __inference_service_instances }}", **variables)
+    bench = {name: trust_as_template(value) if isinstance(value, str) else value
+             for name, value in load("roles/benchmark/defaults/main.yml").items()}
+    bench.update(inference_service_endpoints=endpoints, inference_service_running={"instances": instances},
+                 inference_service_endpoint=endpoints[0])
+    assert render("{{ benchmark_url }}", **bench) == "http://127.0.0.1:8000"
+    assert render("{{ benchmark_more_urls }}", **bench) == ["http://127.0.0.1:8001"]
+    assert render("{{ benchmark_service_unit }}", **bench) == "llm-inference@0.service"
+    assert render("{{ benchmark_more_units }}", **bench) == ["llm-inference@1.service"]
+    # One engine: no others, the unit of the single layout.
+    single = dict(bench, inference_service_endpoints=endpoints[:1],
+                  inference_service_running={"instances": [dict(instances[0], unit="llm-inference.service")]})
+    assert render("{{ benchmark_more_urls }}", **single) == [] and render("{{ benchmark_more_units }}", **single) == []
+    assert render("{{ benchmark_service_unit }}", **single) == "llm-inference.service"
+
+
+def test_the_report_gives_each_engines_share():
+    # tests/vm/run.sh greps the second engine's line of the VM's validation.
+    engines = [{"url": "http://127.0.0.1:8000", "requests": 1, "errors": 0, "output_tokens": 8, "ttft_ms_p50": 812.4,
+                "decode_tokens_per_s_p50": 3.1},
+               {"url": "http://127.0.0.1:8001", "requests": 1, "errors": 0, "output_tokens": 8, "ttft_ms_p50": 790.0,
+                "decode_tokens_per_s_p50": 3.3}]
+    result = dict(VALIDATION, levels=[{"concurrency": 1, "engines": engines}])
+    text = render_template_file("roles/benchmark/templates/report.txt.j2", __benchmark_result=result,
+                                __benchmark_twin_row={"skipped": "2 engines (one per NUMA node): a twin copies one"},
+                                benchmark_direct_max_gap_percent=5)
+    assert ("concurrency 1, engine 1 (http://127.0.0.1:8001): 1 requests, 0 errors, 8 output tokens, TTFT p50 790.0 ms, "
+            "decode p50 3.3 tokens/s") in text.splitlines()

@@ -28,7 +28,11 @@ CASES = [
     ({"inference_service_packages": []}, "inference_service_packages must be non-empty for the transformers engine"),
     ({"inference_service_port": 70000}, 'inference_service_port must be 1-65535 (got 70000)'),
     ({"inference_service_listen": "0.0.0.0", "inference_service_api_key": KEY, "inference_service_proxy_port": 8000},
-     "inference_service_proxy_port must be 1-65535, other than inference_service_port"),
+     "inference_service_proxy_port must be 1-65535, other than the engines' ports"),
+    # The direct-run twin's port taken by an engine.
+    ({"inference_service_engine_firewall_ports": [8000]},
+     "inference_service_engine_firewall_ports must be other than the engines' ports"),
+    ({"inference_service_layout": "both"}, "value of inference_service_layout must be one of: single, per_node, got: both"),
     ({"inference_service_listen": "0.0.0.0", "inference_service_api_key": "short"},
      "every API key (inference_service_api_key or inference_proxy_api_key, and each of the extra keys) must be at"),
     ({"inference_service_listen": "0.0.0.0", "inference_service_api_key": KEY,

@@ -44,7 +44,8 @@ playbook=(ansible-playbook -i "$inventory")
 # The tiny test proxy of inventory/vm (built on the controller by site.yml), reboots allowed. No baseline and
 # validation benchmarks: figures of an emulated CPU are noise (molecule proves the benchmark), and they cost
 # minutes of emulated CPU.
-site_args=(-e grub_reboot_ok=true -e proxy_model_preset=qwen3-test-tiny --skip-tags baseline,validate)
+common_args=(-e grub_reboot_ok=true -e proxy_model_preset=qwen3-test-tiny)
+site_args=("${common_args[@]}" --skip-tags baseline,validate)
 
 boot_id() { vm_ssh cat /proc/sys/kernel/random/boot_id; }
 
@@ -75,7 +76,13 @@ phase site-2 3600 "${playbook[@]}" site.yml "${site_args[@]}" --tags thp,cstates
 [ "$(boot_id)" = "$before" ] || die "second site.yml rebooted the VM"
 log "second site.yml: changed=0 on every host, no reboot"
 
-phase serve 3600 "${playbook[@]}" site.yml "${site_args[@]}" --tags serve
+# With the validation: one engine per NUMA node, the benchmark spreads its requests over both and reports each one's
+# share (a smoke run of a few tokens, no roofline: the venv it reads the model with is not on the VM; no twin: it
+# copies one engine).
+phase serve 3600 "${playbook[@]}" site.yml "${common_args[@]}" --skip-tags baseline --tags serve,validate \
+  -e benchmark_roofline=false
+grep -q 'engine 1 (http://127.0.0.1:8001): [1-9]' "$LLMTUNE_VM_RUN/serve.log" ||
+  die "the validation did not report requests served by the second engine (see $LLMTUNE_VM_RUN/serve.log)"
 # Checked after a reboot: the service and every unit it needs start at boot by themselves, not only because a run
 # started them.
 phase reboot-served 1500 ansible -i "$inventory" inference_nodes -m ansible.builtin.reboot -a reboot_timeout=1200
