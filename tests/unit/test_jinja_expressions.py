@@ -324,40 +324,49 @@ def twin_result(decode_gap, e2e_gap, verdict):
                             "e2e_ms": {"median": e2e_gap, "min": e2e_gap - 1, "max": e2e_gap + 1}, "verdict": verdict}}
 
 
-@pytest.mark.parametrize("concurrency, score_ms, twin, started, expect_twin", [
+@pytest.mark.parametrize("concurrency, score_ms, twin, started, expect_twin, engines", [
     # One request in flight: its end-to-end latency, TTFT p50 + 31 x TPOT p50; the service 1.2 % slower than its twin.
     (1, 50.0 + 31 * 20.0, twin_result(1.2, 0.8, "within"), {"url": "http://127.0.0.1:8100", "pid": 7},
      {"decode_tokens_per_s": 52.0, "e2e_ms_p50": 680.0, "gap_percent": {"decode_tokens_per_s": 1.2, "e2e_ms": 0.8},
-      "verdict": "within"}),
+      "verdict": "within"}, 1),
     # More: ms per output token served to all clients, 1000 / aggregate output tokens/s; decode 7.5 % behind the twin.
     (4, round(1000 / 48.0, 2), twin_result(7.5, 0.8, "over"), {"url": "http://127.0.0.1:8100", "pid": 7},
      {"decode_tokens_per_s": 52.0, "e2e_ms_p50": 680.0, "gap_percent": {"decode_tokens_per_s": 7.5, "e2e_ms": 0.8},
-      "verdict": "over"}),
+      "verdict": "over"}, 1),
     # No room for the twin beside the service: engine_direct's reason is kept.
     (1, 50.0 + 31 * 20.0, None, {"skipped": True, "msg": "not enough memory for the twin beside the service"},
-     {"skipped": "not enough memory for the twin beside the service"}),
+     {"skipped": "not enough memory for the twin beside the service"}, 1),
     # Twins turned off: the start task was skipped by its condition.
     (1, 50.0 + 31 * 20.0, None, {"skipped": True, "skip_reason": "Conditional result was False"},
-     {"skipped": "autotune_direct_twin is false"}),
+     {"skipped": "autotune_direct_twin is false"}, 1),
+    # One engine per NUMA node: no twin (it copies one engine), the peak memory of both engines, each one's share.
+    (2, round(1000 / 48.0, 2), None, {"skipped": True, "skip_reason": "Conditional result was False"},
+     {"skipped": "2 engines (one per NUMA node): a twin copies one"}, 2),
 ])
-def test_autotune_row_from_proc_status_and_the_workload_score(concurrency, score_ms, twin, started, expect_twin):
+def test_autotune_row_from_proc_status_and_the_workload_score(concurrency, score_ms, twin, started, expect_twin,
+                                                             engines):
     tsk = task("roles/autotune/tasks/measure.yml", "Record the row")
     status = read(JINJA, "proc-status")
     summary = {"ttft_ms_p50": 50.0, "ttft_ms_p95": 60.0, "tpot_ms_p50": 20.0, "decode_tokens_per_s": 50.0,
                "e2e_ms_p50": 700.0, "output_tokens_per_s": 48.0}
     key = "/opt/llmtune/models/m.gguf auto"
+    instances = [{"unit": "llm-inference.service", "cpus": "0 1"}] if engines == 1 else \
+        [{"unit": "llm-inference@0.service", "cpus": "0"}, {"unit": "llm-inference@1.service", "cpus": "1"}]
+    shares = [{"url": "http://127.0.0.1:800%d" % i, "requests": 1} for i in range(engines)] if engines > 1 else None
+    level = {"prompt_tokens_mean": 128, "output_tokens": 64, "requests": 2, "tpot_ms": {"p50": 20.0, "p95": 24.0},
+             "cpu": {"other": 0.02}, "prompt_tokens_cached_mean": None}
+    if shares:
+        level["engines"] = shares
     variables = {
         "__autotune_rows": [], "__autotune_row": {"engine": "llama_cpp"}, "autotune_output_tokens": 32,
         "autotune_concurrency": concurrency,
-        "__autotune_bench": {"levels": [{"prompt_tokens_mean": 128, "output_tokens": 64, "requests": 2,
-                                         "tpot_ms": {"p50": 20.0, "p95": 24.0},
-                                         "cpu": {"other": 0.02}, "prompt_tokens_cached_mean": None}],
-                             "summary": summary, "noisy": False, "roofline": {"percent": 40},
+        "__autotune_bench": {"levels": [level], "summary": summary, "noisy": False, "roofline": {"percent": 40},
                              "host_load": {"loadavg_before": [0.1, 0.1, 0.1]}},
         "__autotune_roofline_key": key,
         "__autotune_rooflines": {key: {"bandwidth_gb_s": 10.0, "decode_upper_bound_tokens_per_s": 120.0}},
-        "inference_service_running": {"parallel": 4, "continuous_batching": None},
-        "__autotune_status": {"content": base64.b64encode(status.encode()).decode()},
+        "inference_service_running": {"parallel": 4, "continuous_batching": None, "instances": instances,
+                                      "layout": "single" if engines == 1 else "per_node"},
+        "__autotune_status": {"results": [{"content": base64.b64encode(status.encode()).decode()}] * engines},
         "__autotune_twin": started, "autotune_direct_max_gap_percent": 5,
     }
     if twin:
@@ -367,10 +376,12 @@ def test_autotune_row_from_proc_status_and_the_workload_score(concurrency, score
     assert rows[0]["twin"] == expect_twin
     assert rounds == (twin["gap_percent"] if twin else None)
     vmhwm_kb = int([line for line in status.splitlines() if line.startswith("VmHWM:")][0].split()[1])
-    assert rows[0]["rss_mb"] == round(vmhwm_kb / 1024)
+    assert rows[0]["rss_mb"] == round(engines * vmhwm_kb / 1024)
     assert (rows[0]["noisy"], rows[0]["other_cpus"]) == (False, 0.02)
     assert (rows[0]["score_ms"], rows[0]["tpot_ms_p95"], rows[0]["parallel"]) == (score_ms, 24.0, 4)
     assert rows[0]["roofline_tokens_per_s"] == 120.0
+    assert (rows[0]["layout"], rows[0]["engine_cpus"], rows[0]["engine_shares"]) == (
+        ("single", None, None) if engines == 1 else ("per_node", ["0", "1"], shares))
 
 
 def test_grub_bls_args_from_grubby():
@@ -664,7 +675,7 @@ def test_autotune_candidates_hold_quantized_formats_only_when_allowed(allowed, g
     ([TF32], [{"format": "float32", "status": "measured"}], True),
     # Not reached within the time budget: no float32 step in the report.
     ([TF32], [{"format": "float32", "status": "skipped (time budget)"}], False),
-    # No stage 5 (no native bf16: float32 was a stage 1 stack and is in that stage's step already).
+    # No stage 6 (no native bf16: float32 was a stage 1 stack and is in that stage's step already).
     ([], [{"format": "float32", "status": "measured"}], False),
 ])
 def test_autotune_float32_stage_counts_only_when_it_measured(later, rows, counted):
@@ -1074,3 +1085,54 @@ def test_the_report_gives_each_engines_share():
                                 benchmark_direct_max_gap_percent=5)
     assert ("concurrency 1, engine 1 (http://127.0.0.1:8001): 1 requests, 0 errors, 8 output tokens, TTFT p50 790.0 ms, "
             "decode p50 3.3 tokens/s") in text.splitlines()
+
+
+def test_autotune_report_shows_one_engine_per_numa_node():
+    row = {"tuned": True, "engine": "llama_cpp", "format": "bf16", "threads": 1, "cpus": "0", "allocator": "none",
+           "parallel": 4, "continuous_batching": None, "status": "measured", "decode_tokens_per_s": 20.0,
+           "ttft_ms_p50": 600.0, "roofline_percent": 70.0, "roofline_tokens_per_s": 28.0, "bandwidth_gb_s": 30.0}
+    single = dict(row, layout="single", score_ms=40.0, rss_mb=300, output_tokens_per_s=25.0,
+                  twin={"skipped": "autotune_direct_twin is false"})
+    per_node = dict(row, layout="per_node", engine_cpus=["0", "1"], score_ms=22.0, rss_mb=600, output_tokens_per_s=45.0,
+                    twin={"skipped": "2 engines (one per NUMA node): a twin copies one"})
+    steps = [dict(single, stage="stack"), dict(per_node, stage="layout")]
+    result = {"chosen": per_node, "reference": dict(single, tuned=False), "rows": [single, per_node], "steps": steps,
+              "reason": "lowest", "workload": {"prompt_tokens": 16, "output_tokens": 8, "concurrency": 2},
+              "limits": {"engines": ["llama_cpp"]}, "score": "ms", "time_budget_s": 900, "elapsed_s": 60,
+              "finished": "now"}
+    text = render_template_file("roles/autotune/templates/autotune.md.j2", __autotune_result=result,
+                                __autotune_baseline={}, inventory_hostname="node", cpu_topology={"model_name": "QEMU"})
+    lines = text.splitlines()
+    # The two rows differ in their layout alone: only the one per node is marked chosen.
+    rows = [line for line in lines if line.startswith("| ") and " bf16 " in line and "slots" in line]
+    assert [(cells[1].strip(), cells[8].strip()) for cells in (line.split("|") for line in rows)] == [
+        ("candidate", "one engine"), ("**chosen**", "one engine per NUMA node, CPUs 0 / 1")]
+    assert any(line.startswith("Chosen (lowest): llama_cpp bf16, one engine per NUMA node, CPUs 0 / 1,") for line in lines)
+    assert any(line.startswith("| layout: one engine per NUMA node | llama_cpp bf16, one engine per NUMA node, CPUs 0 / 1")
+               for line in lines)
+    assert "No twin for llama_cpp bf16 (1 threads, allocator none): 2 engines (one per NUMA node): a twin copies one." in lines
+
+
+def test_verify_gives_each_engine_its_rows():
+    variables = service_vars("qemu-2node", inference_service_layout="per_node")
+    variables["cpu_topology"]["numa_policy_permitted"] = True
+    instances = render("{{ __inference_service_instances }}", **variables)
+    status = {"LoadState": "loaded", "ActiveState": "active", "UnitFileState": "enabled"}
+    units = {"results": [{"__instance": i, "status": status} for i in instances]}
+    answers = {"results": [{"__instance": instances[0], "status": 200},
+                           {"__instance": instances[1], "status": -1, "msg": "Connection refused"}]}
+    stale = {"results": [{"stdout_lines": []}, {"stdout_lines": ["/opt/llmtune/models/m.gguf"]}]}
+    tsk = task("roles/inference_service/tasks/verify.yml", "Compare the service with what it should be")
+    resolved = task_vars(tsk, __inference_service_verify_unit=units, __inference_service_verify_answer=answers,
+                         __inference_service_verify_stale=stale, **variables)
+    args = render_tree(tsk["tuning_drift"], **resolved)
+    assert [u["name"] for u in args["units"]] == ["inference_service@0.unit", "inference_service@1.unit"]
+    assert [(r["setting"], r["status"]) for r in args["rows"]] == [
+        ("inference_service@0.answers", "ok"), ("inference_service@0.started_after_files", "ok"),
+        ("inference_service@1.answers", "drift"), ("inference_service@1.started_after_files", "drift")]
+    # Not deployed: one n/a row naming the engines looked for.
+    resolved = task_vars(tsk, __inference_service_verify_unit={"results": [
+        {"__instance": i, "status": {"LoadState": "not-found"}} for i in instances]}, **variables)
+    args = render_tree(tsk["tuning_drift"], **resolved)
+    assert args["units"] == [] and [r["actual"] for r in args["rows"]] == [
+        "no llm-inference@0.service or llm-inference@1.service"]

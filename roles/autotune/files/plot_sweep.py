@@ -22,10 +22,13 @@ def main(source, target):
     labels = [f"{row['engine']} {row['format']} {row['threads']}t"
               + (f" {row['allocator']}" if row["allocator"] != "none" else "")
               + (f" {row['parallel']}sl" if row.get("parallel") else "")
-              + (" cb" if row.get("continuous_batching") else "") if row["tuned"] else "defaults"
+              + (" cb" if row.get("continuous_batching") else "")
+              + (" per node" if row.get("layout") == "per_node" else "") if row["tuned"] else "defaults"
               for row in rows]
     keys = ("engine", "format", "threads", "cpus", "allocator", "parallel", "continuous_batching")
-    is_chosen = [all(row.get(key) == chosen.get(key) for key in keys) for row in rows]
+    # Rows stored before the layout was measured ran one engine.
+    is_chosen = [all(row.get(key) == chosen.get(key) for key in keys)
+                 and row.get("layout", "single") == chosen.get("layout", "single") for row in rows]
     colors = ["tab:green" if flag else ("tab:gray" if not row["tuned"] else "tab:blue")
               for row, flag in zip(rows, is_chosen)]
     fig, (score, decode) = plt.subplots(1, 2, figsize=(11, 4))
