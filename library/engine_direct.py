@@ -68,14 +68,14 @@ options:
     default: 512
   pid_file:
     description:
-      - File holding the twin's PID.
+      - File holding the twin's PID; by default C(/run/llmtune/engine-direct/UNIT.pid), one per unit, so that
+        several engines (one per NUMA node) each have their twin.
     type: path
-    default: /run/llmtune-engine-direct.pid
   log_path:
     description:
-      - File receiving the twin's standard output and error (truncated at each start).
+      - File receiving the twin's standard output and error (truncated at each start); by default
+        C(/var/lib/llmtune/engine-direct/UNIT.log).
     type: path
-    default: /var/lib/llmtune/engine-direct.log
 notes:
   - Fails when the unit has no C(ExecStart), its command has no C(--port) option, C(numactl) is missing for a
     unit with C(NUMAPolicy), or the twin exits or is not ready within O(timeout).
@@ -155,6 +155,9 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmtune_sysfs import parse_cpu_list
 
+# Default folders of the twins' PID files and logs, a file per unit.
+PID_DIR = "/run/llmtune/engine-direct"
+LOG_DIR = "/var/lib/llmtune/engine-direct"
 SHOW_PROPERTIES = ("ExecStart", "Environment", "User", "Group", "CPUAffinity", "NUMAPolicy", "NUMAMask", "MainPID")
 
 
@@ -253,6 +256,11 @@ def memory_short(main_pid, margin_mb, proc="/proc"):
             f"> MemAvailable {available // 1024} MiB")
 
 
+def twin_files(unit, pid_file=None, log_path=None):
+    """{pid_file, log_path} of UNIT's twin: the given ones, else one of each per unit in PID_DIR and LOG_DIR."""
+    return {"pid_file": pid_file or f"{PID_DIR}/{unit}.pid", "log_path": log_path or f"{LOG_DIR}/{unit}.log"}
+
+
 def read_pid(pid_file):
     """PID in PID_FILE if that process still runs (a zombie has ended), else None."""
     try:
@@ -323,7 +331,8 @@ def start(params, show):
         os.initgroups(user, gid)
         os.setuid(account.pw_uid)
 
-    os.makedirs(os.path.dirname(params["log_path"]), exist_ok=True)
+    for path in (params["log_path"], params["pid_file"]):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(params["log_path"], "w", encoding="utf-8") as log:
         try:
             proc = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=log,
@@ -353,8 +362,8 @@ ARGUMENT_SPEC = {
     "timeout": {"type": "float", "default": 600},
     "timeout_stop": {"type": "float", "default": 30},
     "memory_margin_mb": {"type": "int", "default": 512},
-    "pid_file": {"type": "path", "default": "/run/llmtune-engine-direct.pid"},
-    "log_path": {"type": "path", "default": "/var/lib/llmtune/engine-direct.log"},
+    "pid_file": {"type": "path"},
+    "log_path": {"type": "path"},
 }
 
 
@@ -366,6 +375,8 @@ def main():
         module.fail_json(msg=f"port must be 1-65535, got {params['port']}")
     if params["memory_margin_mb"] < 0:
         module.fail_json(msg=f"memory_margin_mb must be >= 0, got {params['memory_margin_mb']}")
+    unit = params["unit"] if params["unit"].endswith(".service") else params["unit"] + ".service"
+    params = dict(params, **twin_files(unit, params["pid_file"], params["log_path"]))
     if params["state"] == "stopped":
         running = read_pid(params["pid_file"]) is not None
         if not module.check_mode:
@@ -373,7 +384,6 @@ def main():
         module.exit_json(changed=running)
     if module.check_mode:
         module.exit_json(changed=True)
-    unit = params["unit"] if params["unit"].endswith(".service") else params["unit"] + ".service"
     rc, out, err = module.run_command(["systemctl", "show", unit, "--no-pager"]
                                       + [f"--property={name}" for name in SHOW_PROPERTIES])
     if rc != 0:

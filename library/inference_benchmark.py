@@ -146,7 +146,7 @@ options:
       - Base URLs of further engines of the same service (the inference_service role's layout C(per_node), one
         engine per NUMA node). Request I of a level goes to engine I modulo their number, O(url) first, as clients
         spread evenly over them; the level's figures are the aggregate, and RV(levels[].engines) gives each
-        engine's. Not with O(twin_url) (a twin copies one engine).
+        engine's. With O(twin_url), O(more_twin_urls) names each of these engines' twin.
     type: list
     elements: str
     default: []
@@ -174,6 +174,20 @@ options:
       - PID of the twin's engine, counted with O(engine_pid) as engine CPU time. 0 when unknown.
     type: int
     default: 0
+  more_twin_urls:
+    description:
+      - With O(twin_url) and O(more_urls), the twin of each engine of O(more_urls), in the same order (one twin
+        per engine, so several engines are compared with as many twins). A request goes to engine I modulo their
+        number on both sides, so each engine and its own twin answer the same prompts.
+    type: list
+    elements: str
+    default: []
+  more_twin_engine_pids:
+    description:
+      - PIDs of the twins of O(more_twin_urls), counted as engine CPU time.
+    type: list
+    elements: int
+    default: []
   twin_max_gap_percent:
     description:
       - Percent the service may be slower than its twin (median of the rounds, decode and end to end) for
@@ -489,8 +503,13 @@ twin:
     url:
       description: O(twin_url).
       type: str
+    urls:
+      description: Every twin, O(twin_url) and then O(more_twin_urls).
+      type: list
+      elements: str
     levels:
-      description: The twin's levels, as RV(levels), each with its C(gap_percent).
+      description: The twin's levels, as RV(levels) (with several twins, C(engines) gives each one's share), each
+        with its C(gap_percent).
       type: list
       elements: dict
     summary:
@@ -920,8 +939,9 @@ def _mean_of(results, key):
 
 
 def engine_pids(params):
-    """The engine processes of a run: the service's (every engine's) and its twin's, those known."""
-    return [pid for pid in [params["engine_pid"], params["twin_engine_pid"]] + params["more_engine_pids"] if pid]
+    """The engine processes of a run: the service's (every engine's) and its twins', those known."""
+    return [pid for pid in [params["engine_pid"], params["twin_engine_pid"]] + params["more_engine_pids"]
+            + params["more_twin_engine_pids"] if pid]
 
 
 def engine_figures(urls, results):
@@ -953,11 +973,12 @@ def run_level(urls, model, params, concurrency, first_index):
     return level
 
 
-def run_paired_level(urls, model, params, concurrency, first_index):
-    """The level of run_level on two servers URLS (service, twin) in rounds of CONCURRENCY requests, each round's
-    prompts sent to one and then the other, the first swapped every round; rounds added while the verdict is not
-    within (O(twin_max_rounds)). Returns (service level, twin level, prompts used); the twin level carries the
-    paired gaps (see RV(twin.gap_percent))."""
+def run_paired_level(sides, model, params, concurrency, first_index):
+    """The level of run_level on two sides SIDES (the service's engines, their twins, in the same order) in rounds of
+    CONCURRENCY requests, each round's prompts sent to one side and then the other, the first swapped every round;
+    request I of the level goes to engine I modulo their number on both sides. Rounds are added while the verdict
+    is not within (O(twin_max_rounds)). Returns (service level, twin level, prompts used); the twin level carries
+    the paired gaps (see RV(twin.gap_percent))."""
     planned = [min(concurrency, params["requests"] - start) for start in range(0, params["requests"], concurrency)]
     results, walls, gaps, used = ([], []), [0.0, 0.0], [], 0
     cpu_before = cpu_sample(engine_pids(params))
@@ -966,16 +987,20 @@ def run_paired_level(urls, model, params, concurrency, first_index):
                 len(gaps) < params["twin_max_rounds"]
                 and gap_spread(gaps, params["twin_max_gap_percent"])["verdict"] != "within"):
             size = planned[len(gaps)] if len(gaps) < len(planned) else concurrency
-            batch, answers = [prompt_for(params, first_index + used + i) for i in range(size)], [None, None]
+            batch, answers = [(used + i, prompt_for(params, first_index + used + i)) for i in range(size)], [None, None]
             used += size
             for which in ((0, 1) if len(gaps) % 2 == 0 else (1, 0)):
+                urls = sides[which]
                 start = time.perf_counter()
-                answers[which] = list(pool.map(lambda prompt, w=which: _attempt(urls[w], model, prompt, params), batch))
+                answers[which] = list(pool.map(lambda job, u=urls: _attempt(u[job[0] % len(u)], model, job[1], params),
+                                               batch))
                 walls[which] += time.perf_counter() - start
                 results[which].extend(answers[which])
             gaps.append(round_gap(*answers))
     cpu = cpu_split(cpu_before, cpu_sample(engine_pids(params)))
     service, twin = (level_figures(results[i], walls[i], cpu, concurrency, params) for i in (0, 1))
+    if len(sides[0]) > 1:
+        service["engines"], twin["engines"] = (engine_figures(sides[i], results[i]) for i in (0, 1))
     twin["gap_percent"] = dict(gap_spread(gaps, params["twin_max_gap_percent"]), planned_rounds=len(planned))
     return service, twin, used
 
@@ -1091,12 +1116,17 @@ def check_options(params):
         return "twin_max_gap_percent must be >= 0"
     if params["twin_max_rounds"] < 0:
         return "twin_max_rounds must be >= 0"
-    if params["twin_url"] is not None and params["twin_url"].rstrip("/") == params["url"].rstrip("/"):
-        return "twin_url must be another server than url"
-    if params["more_urls"] and params["twin_url"] is not None:
-        return "twin_url compares one engine with its twin: not with more_urls"
-    if len(params["more_engine_pids"]) > len(params["more_urls"]) or min(params["more_engine_pids"] or [0]) < 0:
-        return "more_engine_pids: at most one PID >= 0 per engine of more_urls"
+    if params["twin_url"] is not None and len(params["more_twin_urls"]) != len(params["more_urls"]):
+        return (f"more_twin_urls: one twin per engine of more_urls ({len(params['more_urls'])}), "
+                f"got {len(params['more_twin_urls'])}")
+    if params["more_twin_urls"] and params["twin_url"] is None:
+        return "more_twin_urls needs twin_url, the twin of url"
+    twins = [u.rstrip("/") for u in [params["twin_url"] or ""] + params["more_twin_urls"] if u]
+    if set(twins) & {u.rstrip("/") for u in [params["url"]] + params["more_urls"]} or len(set(twins)) < len(twins):
+        return "every twin must be a server of its own, none of url and more_urls"
+    for pids, urls in (("more_engine_pids", "more_urls"), ("more_twin_engine_pids", "more_twin_urls")):
+        if len(params[pids]) > len(params[urls]) or min(params[pids] or [0]) < 0:
+            return f"{pids}: at most one PID >= 0 per engine of {urls}"
     if not params["concurrency"] or min(params["concurrency"]) < 1:
         return "concurrency must be a non-empty list of integers >= 1"
     if params["fail_below"]:
@@ -1180,8 +1210,8 @@ def run(params, check_mode=False):
     try:
         for endpoint in [url] + params["more_urls"]:
             _endpoint(endpoint)
-        if params["twin_url"]:
-            _endpoint(params["twin_url"])
+        for endpoint in ([params["twin_url"]] if params["twin_url"] else []) + params["more_twin_urls"]:
+            _endpoint(endpoint)
         model = params["model"] or first_model(url, params["api_key"], params["timeout"])
         lock, lock_waited = hold_lock(params["lock_path"], params["lock_timeout"])
     except BenchmarkError as error:
@@ -1209,13 +1239,14 @@ def measure(params, url, model, result, warnings, lock_waited):
                         f"after waiting {waited} s: figures taken now are not comparable")
     twin_url = params["twin_url"].rstrip("/") if params["twin_url"] else None
     urls = [url] + [more.rstrip("/") for more in params["more_urls"]]
+    twin_urls = [twin_url] + [more.rstrip("/") for more in params["more_twin_urls"]] if twin_url else []
     for i in range(params["warmup"]):
-        for target in urls + ([twin_url] if twin_url else []):
+        for target in urls + twin_urls:
             _attempt(target, model, prompt_for(params, i), params)
     levels, twin_levels, index = [], [], params["warmup"]
     for concurrency in params["concurrency"]:
         if twin_url:
-            service, twin, used = run_paired_level((url, twin_url), model, params, concurrency, index)
+            service, twin, used = run_paired_level((urls, twin_urls), model, params, concurrency, index)
             levels.append(service)
             twin_levels.append(twin)
             index += used
@@ -1239,7 +1270,7 @@ def measure(params, url, model, result, warnings, lock_waited):
         for level in twin_levels:
             level.pop("token_sources")
         first = min(twin_levels, key=lambda level: level["concurrency"])
-        result["twin"] = {"url": twin_url, "levels": twin_levels, "summary": summarize(first),
+        result["twin"] = {"url": twin_url, "urls": twin_urls, "levels": twin_levels, "summary": summarize(first),
                           "gap_percent": first["gap_percent"]}
     result["gain"] = gains(result["summary"], params["baseline"]) if params["baseline"] else {}
     if params["decode_upper_bound"]:
@@ -1283,6 +1314,8 @@ ARGUMENT_SPEC = {
     "more_engine_pids": {"type": "list", "elements": "int", "default": []},
     "twin_url": {"type": "str"},
     "twin_engine_pid": {"type": "int", "default": 0},
+    "more_twin_urls": {"type": "list", "elements": "str", "default": []},
+    "more_twin_engine_pids": {"type": "list", "elements": "int", "default": []},
     "twin_max_gap_percent": {"type": "float", "default": 5.0},
     "twin_max_rounds": {"type": "int", "default": 0},
     "busy_limit": {"type": "float", "default": 0.25},

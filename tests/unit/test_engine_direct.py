@@ -98,6 +98,33 @@ def test_twin_runs_the_real_engine_pinned_with_the_units_environment(tiny_proxy_
     assert ed.stop(params["pid_file"], 20) is False  # nothing left to stop
 
 
+def test_each_engine_has_a_twin_of_its_own(tmp_path, monkeypatch):
+    """One engine per NUMA node: two units' twins run at once, each with its own PID file and log by default, and
+    stopping one leaves the other."""
+    monkeypatch.setattr(ed, "PID_DIR", str(tmp_path / "run"))
+    monkeypatch.setattr(ed, "LOG_DIR", str(tmp_path / "log"))
+    server = ("import sys, http.server as h; h.HTTPServer(('127.0.0.1', int(sys.argv[2])), "
+              "h.SimpleHTTPRequestHandler).serve_forever()")
+    unit = {"ExecStart": f"{{ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 -c \"{server}\" --port 1 ; "
+                         "ignore_errors=no }", "User": "root"}
+    twins = {}
+    try:
+        for name in ("llm-inference@0.service", "llm-inference@1.service"):
+            params = dict(ed.twin_files(name), port=free_port(), health_path="/", timeout=30, timeout_stop=5)
+            twins[name] = (params, ed.start(params, unit))
+        files = [params["pid_file"] for params, _ in twins.values()]
+        assert files == [str(tmp_path / "run" / f"llm-inference@{i}.service.pid") for i in (0, 1)]
+        assert [ed.read_pid(f) for f in files] == [result["pid"] for _, result in twins.values()]
+        assert ed.stop(files[0], 5) is True
+        assert ed.read_pid(files[0]) is None and ed.read_pid(files[1]) == twins["llm-inference@1.service"][1]["pid"]
+        assert os.path.isfile(tmp_path / "log" / "llm-inference@1.service.log")
+    finally:
+        for params, _ in twins.values():
+            ed.stop(params["pid_file"], 5)
+    # Given files win over the defaults.
+    assert ed.twin_files("x.service", "/p", "/l") == {"pid_file": "/p", "log_path": "/l"}
+
+
 def test_a_twin_that_exits_fails_with_its_output(tmp_path):
     unit = {"ExecStart": "{ path=/bin/sh ; argv[]=/bin/sh -c \"echo no model here; exit 3\" --port 1 ; ignore_errors=no }",
             "User": "root"}

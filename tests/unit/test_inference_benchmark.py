@@ -150,8 +150,16 @@ def test_fail_below_names_the_figure(inference_server, model_id):
     ({"url": "127.0.0.1:8000"}, "url must be http(s)://host[:port], got '127.0.0.1:8000'"),
     ({"more_urls": ["127.0.0.1:8001"]}, "url must be http(s)://host[:port], got '127.0.0.1:8001'"),
     ({"more_urls": ["http://127.0.0.1:8001"], "twin_url": "http://127.0.0.1:8100"},
-     "twin_url compares one engine with its twin: not with more_urls"),
+     "more_twin_urls: one twin per engine of more_urls (1), got 0"),
+    ({"more_twin_urls": ["http://127.0.0.1:8101"]}, "more_twin_urls needs twin_url, the twin of url"),
+    ({"more_urls": ["http://127.0.0.1:8001"], "twin_url": "http://127.0.0.1:8100",
+      "more_twin_urls": ["http://127.0.0.1:8001/"]}, "every twin must be a server of its own, none of url and more_urls"),
+    ({"more_urls": ["http://127.0.0.1:8001"], "twin_url": "http://127.0.0.1:8100",
+      "more_twin_urls": ["http://127.0.0.1:8100"]}, "every twin must be a server of its own, none of url and more_urls"),
     ({"more_engine_pids": [12]}, "more_engine_pids: at most one PID >= 0 per engine of more_urls"),
+    ({"more_urls": ["http://127.0.0.1:8001"], "twin_url": "http://127.0.0.1:8100",
+      "more_twin_urls": ["http://127.0.0.1:8101"], "more_twin_engine_pids": [-1]},
+     "more_twin_engine_pids: at most one PID >= 0 per engine of more_twin_urls"),
 ])
 def test_bad_options_fail_before_any_request(options, message):
     result, failure, _ = bench.run(params(model="m", **options))
@@ -362,6 +370,34 @@ def test_requests_spread_over_every_engine_with_each_ones_figures(inference_serv
     assert [(e["url"], e["requests"], e["errors"]) for e in level["engines"]] == [(urls[0], 3, 0), (urls[1], 2, 0)]
     assert sum(e["output_tokens"] for e in level["engines"]) == level["output_tokens"] == 5 * 4
     assert all(e["ttft_ms_p50"] > 0 and e["decode_tokens_per_s_p50"] > 0 for e in level["engines"])
+
+
+def test_several_engines_are_paired_with_their_own_twins(inference_server, model_id):
+    """One engine per NUMA node beside their direct-run twins: request I of a level goes to engine I mod N on both
+    sides, so each engine and its own twin answer the same prompts, and each side reports every engine's share.
+    Four relays stand for two engines and two twins; what each forwarded is read from its own sockets."""
+    port = int(inference_server.rsplit(":", 1)[1])
+    relays = [TimingRelay(port) for _ in range(4)]
+    engines, twins = ([f"http://127.0.0.1:{relay.port}" for relay in pair] for pair in (relays[:2], relays[2:]))
+    try:
+        result, failure, _ = bench.run(params(url=engines[0], more_urls=engines[1:], twin_url=twins[0],
+                                              more_twin_urls=twins[1:], model=model_id, max_tokens=4,
+                                              ignore_eos=True, warmup=1, requests=5, concurrency=[2]))
+    finally:
+        for relay in relays:
+            relay.close()
+    assert failure is None
+    sent = [sorted(sent_prompt(r) for r in relay.connections) for relay in relays]
+    prompts = [bench.prompt_for(params(prompt_seed=result["prompt_seed"]), i) for i in range(6)]
+    # Warm-up (prompt 0) to every server; then request I (prompt I + 1) to engine I mod 2 and to its twin.
+    assert sent[0] == sent[2] == sorted(prompts[i] for i in (0, 1, 3, 5))
+    assert sent[1] == sent[3] == sorted(prompts[i] for i in (0, 2, 4))
+    assert result["twin"]["urls"] == twins
+    for level, urls in ((result["levels"][0], engines), (result["twin"]["levels"][0], twins)):
+        assert [(e["url"], e["requests"], e["errors"]) for e in level["engines"]] == [(urls[0], 3, 0), (urls[1], 2, 0)]
+        assert sum(e["output_tokens"] for e in level["engines"]) == level["output_tokens"] == 5 * 4
+    # Rounds of 2, 2 and 1 requests: one gap each.
+    assert result["twin"]["gap_percent"]["rounds"] == 3
 
 
 @pytest.mark.parametrize("cached, evaluated, hit", [
@@ -621,7 +657,7 @@ def test_a_gap_beyond_the_limit_counts_only_when_every_round_agrees(decode, e2e,
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"twin_url": "http://127.0.0.1:8000/"}, "twin_url must be another server than url"),
+    ({"twin_url": "http://127.0.0.1:8000/"}, "every twin must be a server of its own, none of url and more_urls"),
     ({"twin_engine_pid": -1}, "engine_pid, twin_engine_pid, busy_limit, settle_timeout and lock_timeout must be >= 0"),
     ({"twin_max_gap_percent": -0.5}, "twin_max_gap_percent must be >= 0"),
     ({"twin_max_rounds": -1}, "twin_max_rounds must be >= 0"),

@@ -316,32 +316,45 @@ def test_sandbox_exposure_line():
         "Overall exposure level for llm-inference.service: 1.9 OK")
 
 
-def twin_result(decode_gap, e2e_gap, verdict):
+def twin_result(decode_gap, e2e_gap, verdict, engines=None):
     """inference_benchmark's RV(twin) for paired rounds with these median gaps, percent, and its verdict."""
-    return {"summary": {"decode_tokens_per_s": 52.0, "e2e_ms_p50": 680.0},
+    level = {"engines": engines} if engines else {}
+    return {"summary": {"decode_tokens_per_s": 52.0, "output_tokens_per_s": 50.0, "e2e_ms_p50": 680.0,
+                        "ttft_ms_p50": 48.0, "tpot_ms_p50": 19.0},
+            "levels": [level],
             "gap_percent": {"rounds": 4, "decode_tokens_per_s": {"median": decode_gap, "min": decode_gap - 2, "max": decode_gap + 3},
                             "ttft_ms": {"median": 1.0, "min": 0.0, "max": 2.0},
                             "e2e_ms": {"median": e2e_gap, "min": e2e_gap - 1, "max": e2e_gap + 1}, "verdict": verdict}}
 
 
+TWIN_SHARES = [{"url": "http://127.0.0.1:8100", "requests": 1}, {"url": "http://127.0.0.1:8101", "requests": 1}]
+STARTED = {"url": "http://127.0.0.1:8100", "pid": 7}
+SHORT = {"skipped": True, "msg": "not enough memory for the twin beside the service"}
+
+
+def twin_row(decode_gap, verdict, score_ms, engines=None):
+    """The row's twin as measure.yml records it from twin_result(decode_gap, 0.8, verdict, engines), scored as the
+    row is."""
+    return {"decode_tokens_per_s": 52.0, "output_tokens_per_s": 50.0, "e2e_ms_p50": 680.0, "engines": engines,
+            "score_ms": score_ms,
+            "gap_percent": {"decode_tokens_per_s": decode_gap, "e2e_ms": 0.8}, "verdict": verdict}
+
+
 @pytest.mark.parametrize("concurrency, score_ms, twin, started, expect_twin, engines", [
     # One request in flight: its end-to-end latency, TTFT p50 + 31 x TPOT p50; the service 1.2 % slower than its twin.
-    (1, 50.0 + 31 * 20.0, twin_result(1.2, 0.8, "within"), {"url": "http://127.0.0.1:8100", "pid": 7},
-     {"decode_tokens_per_s": 52.0, "e2e_ms_p50": 680.0, "gap_percent": {"decode_tokens_per_s": 1.2, "e2e_ms": 0.8},
-      "verdict": "within"}, 1),
+    (1, 50.0 + 31 * 20.0, twin_result(1.2, 0.8, "within"), [STARTED], twin_row(1.2, "within", 48.0 + 31 * 19.0), 1),
     # More: ms per output token served to all clients, 1000 / aggregate output tokens/s; decode 7.5 % behind the twin.
-    (4, round(1000 / 48.0, 2), twin_result(7.5, 0.8, "over"), {"url": "http://127.0.0.1:8100", "pid": 7},
-     {"decode_tokens_per_s": 52.0, "e2e_ms_p50": 680.0, "gap_percent": {"decode_tokens_per_s": 7.5, "e2e_ms": 0.8},
-      "verdict": "over"}, 1),
+    (4, round(1000 / 48.0, 2), twin_result(7.5, 0.8, "over"), [STARTED], twin_row(7.5, "over", 1000 / 50.0), 1),
     # No room for the twin beside the service: engine_direct's reason is kept.
-    (1, 50.0 + 31 * 20.0, None, {"skipped": True, "msg": "not enough memory for the twin beside the service"},
-     {"skipped": "not enough memory for the twin beside the service"}, 1),
+    (1, 50.0 + 31 * 20.0, None, [SHORT], {"skipped": SHORT["msg"]}, 1),
     # Twins turned off: the start task was skipped by its condition.
-    (1, 50.0 + 31 * 20.0, None, {"skipped": True, "skip_reason": "Conditional result was False"},
-     {"skipped": "autotune_direct_twin is false"}, 1),
-    # One engine per NUMA node: no twin (it copies one engine), the peak memory of both engines, each one's share.
-    (2, round(1000 / 48.0, 2), None, {"skipped": True, "skip_reason": "Conditional result was False"},
-     {"skipped": "2 engines (one per NUMA node): a twin copies one"}, 2),
+    (1, 50.0 + 31 * 20.0, None, None, {"skipped": "autotune_direct_twin is false"}, 1),
+    # One engine per NUMA node, each beside its own twin: the peak memory of both engines, each one's share and
+    # each twin's.
+    (2, round(1000 / 48.0, 2), twin_result(-0.5, 0.8, "within", TWIN_SHARES), [STARTED, STARTED],
+     twin_row(-0.5, "within", 1000 / 50.0, TWIN_SHARES), 2),
+    # The second engine's twin found no room: the first one's alone is no comparison of the layout.
+    (2, round(1000 / 48.0, 2), None, [STARTED, SHORT], {"skipped": SHORT["msg"]}, 2),
 ])
 def test_autotune_row_from_proc_status_and_the_workload_score(concurrency, score_ms, twin, started, expect_twin,
                                                              engines):
@@ -367,7 +380,8 @@ def test_autotune_row_from_proc_status_and_the_workload_score(concurrency, score
         "inference_service_running": {"parallel": 4, "continuous_batching": None, "instances": instances,
                                       "layout": "single" if engines == 1 else "per_node"},
         "__autotune_status": {"results": [{"content": base64.b64encode(status.encode()).decode()}] * engines},
-        "__autotune_twin": started, "autotune_direct_max_gap_percent": 5,
+        "autotune_direct_twin": started is not None, "autotune_direct_max_gap_percent": 5,
+        "__autotune_twins": {"results": started or [{"skipped": True, "skip_reason": "Conditional result was False"}] * engines},
     }
     if twin:
         variables["__autotune_bench"]["twin"] = twin
@@ -952,12 +966,15 @@ def test_twin_row_takes_the_medians_of_the_paired_rounds(decode, e2e, verdict, s
     result = dict(VALIDATION, twin={"url": "http://127.0.0.1:8100", "gap_percent": gap,
                                     "summary": {"decode_tokens_per_s": 18.668, "ttft_ms_p50": 163.985,
                                                 "e2e_ms_p50": 1830.205}})
-    process = {"argv": ["llama-server", "--port", "8100"], "user": "llm", "cpus": [0, 1], "pid": 4242}
+    process = {"item": "llm-inference.service", "url": "http://127.0.0.1:8100",
+               "argv": ["llama-server", "--port", "8100"], "user": "llm", "cpus": [0, 1], "pid": 4242}
     tsk = task(TWIN, "Keep the paired comparison")
-    resolved = task_vars(tsk, __benchmark_result=result, __benchmark_twin_process=process,
+    resolved = task_vars(tsk, __benchmark_result=result, __benchmark_twin_started=[process],
                          benchmark_direct_max_gap_percent=5)
     assert condition(tsk["when"], **resolved)
     row = render_tree(tsk["ansible.builtin.set_fact"]["__benchmark_twin_row"], **resolved)
+    assert row["twins"] == [{"unit": "llm-inference.service", "url": "http://127.0.0.1:8100",
+                             "argv": ["llama-server", "--port", "8100"], "user": "llm", "cpus": [0, 1]}]
     assert row["gap_percent"] == {"decode_tokens_per_s": decode, "ttft_ms": 1.0, "e2e_ms": e2e}
     assert row["verdict"] == verdict and row["rounds"] == gap
     text = render_template_file("roles/benchmark/templates/report.txt.j2", __benchmark_result=result,
@@ -979,16 +996,42 @@ def test_twin_skipped_for_memory_is_said_in_the_report():
     result = VALIDATION
     tsk = task(TWIN, "Say why there is no twin")
     assert condition(tsk["when"], __benchmark_result=result)
-    row = render_tree(tsk["ansible.builtin.set_fact"]["__benchmark_twin_row"], __benchmark_twin_process=process,
-                      benchmark_direct_twin=True, benchmark_more_urls=[])
+    row = render_tree(tsk["ansible.builtin.set_fact"]["__benchmark_twin_row"], benchmark_direct_twin=True,
+                      __benchmark_twins={"results": [process]})
     assert not condition(task(TWIN, "Name the gap between the service and its twin")["when"], __benchmark_twin_row=row)
     text = render_template_file("roles/benchmark/templates/report.txt.j2", __benchmark_result=result,
                                 __benchmark_twin_row=row, benchmark_direct_max_gap_percent=5)
     assert "direct run: none (not enough memory for the twin beside the service: VmRSS 7901 MiB" in text
-    # One engine per NUMA node: no twin was started (it copies one engine).
-    row = render_tree(tsk["ansible.builtin.set_fact"]["__benchmark_twin_row"], __benchmark_twin_process={},
-                      benchmark_direct_twin=True, benchmark_more_urls=["http://127.0.0.1:8001"])
-    assert row == {"skipped": "2 engines (one per NUMA node): a twin copies one"}
+    # One engine per NUMA node: the first engine's twin started, the second's found no room; none is compared.
+    started = {"item": "llm-inference@0.service", "url": "http://127.0.0.1:8100", "pid": 7, "changed": False}
+    row = render_tree(tsk["ansible.builtin.set_fact"]["__benchmark_twin_row"], benchmark_direct_twin=True,
+                      __benchmark_twins={"results": [started, process]})
+    assert row == {"skipped": process["msg"]}
+    # Twins turned off: every start was skipped by its condition.
+    row = render_tree(tsk["ansible.builtin.set_fact"]["__benchmark_twin_row"], benchmark_direct_twin=False,
+                      __benchmark_twins={"results": [{"skipped": True, "skip_reason": "Conditional result was False"}]})
+    assert row == {"skipped": "benchmark_direct_twin is false"}
+
+
+def test_the_benchmark_pairs_every_engine_with_its_twin():
+    """One engine per NUMA node: a twin per engine, and the benchmark gets them in the engines' order, or none when
+    one is missing."""
+    measure = "roles/benchmark/tasks/measure.yml"
+    start = task(measure, "Start the same engines directly, outside systemd, beside the service")
+    units = ["llm-inference@0.service", "llm-inference@1.service"]
+    assert [render(start["engine_direct"]["port"], benchmark_direct_port=8100, __index=i) for i in range(2)] == [8100, 8101]
+    keep = task(measure, "Keep the twins that started")
+    twins = [{"item": unit, "url": f"http://127.0.0.1:810{i}", "pid": 70 + i} for i, unit in enumerate(units)]
+    started = render(keep["ansible.builtin.set_fact"]["__benchmark_twin_started"],
+                     __benchmark_twins={"results": twins + [{"skipped": True, "msg": "no room"}]})
+    assert started == twins
+    bench = task(measure, "Measure the service ({{ benchmark_mode }})")
+    options = bench["inference_benchmark"]
+    for found, wanted in ((twins, twins), (twins[:1], [])):
+        values = dict(task_vars(bench, __benchmark_twin_started=found, __benchmark_units=units), omit="OMIT")
+        assert render(options["twin_url"], **values) == (wanted[0]["url"] if wanted else "OMIT")
+        assert render(options["more_twin_urls"], **values) == [t["url"] for t in wanted[1:]]
+        assert render(options["more_twin_engine_pids"], **values) == [t["pid"] for t in wanted[1:]]
 
 
 # --- roles/inference_service: the engines of each layout, from real machines' topologies ------------------------------
@@ -1029,9 +1072,21 @@ def test_the_engines_of_each_layout(fixture, layout, permitted, expected):
     variables["cpu_topology"]["numa_policy_permitted"] = permitted
     instances = render("{{ __inference_service_instances }}", **variables)
     assert instances == expected
-    assert render("{{ __inference_service_engine_access_ports }}", **variables) == [i["port"] for i in expected] + [8100]
+    # The engines' ports and one direct-run twin's port per engine from 8100.
+    assert render("{{ __inference_service_engine_access_ports }}", **variables) == \
+        [i["port"] for i in expected] + [8100 + i for i in range(len(expected))]
     # Several engines get nginx in front even on loopback: clients need one endpoint.
     assert render("{{ __inference_service_proxied }}", **variables) is (len(expected) > 1)
+
+
+@pytest.mark.parametrize("ports, ok", [([8100], True), ([7999], False), ([8001], False), ([8002], True)])
+def test_the_twins_ports_stay_off_the_engines_ports(ports, ok):
+    """Two engines (8000, 8001) have two twins from each firewall port: 7999 would put the second twin on 8000."""
+    variables = service_vars("qemu-2node", inference_service_layout="per_node",
+                             inference_service_engine_firewall_ports=ports)
+    rules = task("roles/inference_service/tasks/variables.yml", "Check the service's ranges and names")["loop"]
+    rule = next(r for r in rules if r["name"] == "inference_service_engine_firewall_ports")
+    assert render(rule["ok"], **variables) is ok
 
 
 def test_each_node_of_a_two_socket_xeon_gets_its_own_cores():
@@ -1081,10 +1136,18 @@ def test_the_report_gives_each_engines_share():
                 "decode_tokens_per_s_p50": 3.3}]
     result = dict(VALIDATION, levels=[{"concurrency": 1, "engines": engines}])
     text = render_template_file("roles/benchmark/templates/report.txt.j2", __benchmark_result=result,
-                                __benchmark_twin_row={"skipped": "2 engines (one per NUMA node): a twin copies one"},
+                                __benchmark_twin_row={"skipped": "no room"},
                                 benchmark_direct_max_gap_percent=5)
     assert ("concurrency 1, engine 1 (http://127.0.0.1:8001): 1 requests, 0 errors, 8 output tokens, TTFT p50 790.0 ms, "
             "decode p50 3.3 tokens/s") in text.splitlines()
+    # Beside their twins, each engine's line gives its own twin's figures.
+    twins = [dict(e, url=e["url"].replace(":80", ":81"), ttft_ms_p50=800.0 + i) for i, e in enumerate(engines)]
+    result = dict(result, twin={"levels": [{"concurrency": 1, "engines": twins}]})
+    text = render_template_file("roles/benchmark/templates/report.txt.j2", __benchmark_result=result,
+                                __benchmark_twin_row={"skipped": "no room"}, benchmark_direct_max_gap_percent=5)
+    assert ("concurrency 1, engine 1 (http://127.0.0.1:8001): 1 requests, 0 errors, 8 output tokens, TTFT p50 790.0 ms, "
+            "decode p50 3.3 tokens/s; its twin (http://127.0.0.1:8101): TTFT p50 801.0 ms, decode p50 3.3 tokens/s"
+            ) in text.splitlines()
 
 
 def test_autotune_report_shows_one_engine_per_numa_node():
@@ -1094,7 +1157,7 @@ def test_autotune_report_shows_one_engine_per_numa_node():
     single = dict(row, layout="single", score_ms=40.0, rss_mb=300, output_tokens_per_s=25.0,
                   twin={"skipped": "autotune_direct_twin is false"})
     per_node = dict(row, layout="per_node", engine_cpus=["0", "1"], score_ms=22.0, rss_mb=600, output_tokens_per_s=45.0,
-                    twin={"skipped": "2 engines (one per NUMA node): a twin copies one"})
+                    twin={"skipped": "not enough memory for the twin beside the service"})
     steps = [dict(single, stage="stack"), dict(per_node, stage="layout")]
     result = {"chosen": per_node, "reference": dict(single, tuned=False), "rows": [single, per_node], "steps": steps,
               "reason": "lowest", "workload": {"prompt_tokens": 16, "output_tokens": 8, "concurrency": 2},
@@ -1110,7 +1173,17 @@ def test_autotune_report_shows_one_engine_per_numa_node():
     assert any(line.startswith("Chosen (lowest): llama_cpp bf16, one engine per NUMA node, CPUs 0 / 1,") for line in lines)
     assert any(line.startswith("| layout: one engine per NUMA node | llama_cpp bf16, one engine per NUMA node, CPUs 0 / 1")
                for line in lines)
-    assert "No twin for llama_cpp bf16 (1 threads, allocator none): 2 engines (one per NUMA node): a twin copies one." in lines
+    assert "No twin for llama_cpp bf16 (1 threads, allocator none): not enough memory for the twin beside the service." in lines
+    assert not any(line.startswith("Layout checked") for line in lines)
+    # Beside their twins: the twins' scores check the choice, whichever way they rank the layouts.
+    for twin_scores, said in (((41.0, 23.5), "as the services did"),
+                              ((30.0, 31.0), "the other way round: the choice is within the noise")):
+        rows = [dict(single, twin={"score_ms": twin_scores[0]}), dict(per_node, twin={"score_ms": twin_scores[1]})]
+        text = render_template_file("roles/autotune/templates/autotune.md.j2", __autotune_result=dict(result, rows=rows),
+                                    __autotune_baseline={}, inventory_hostname="node", cpu_topology={"model_name": "QEMU"})
+        assert (f"Layout checked by the direct-run twins: one engine scored 40.0 ms (its twin {twin_scores[0]} ms), one "
+                f"engine per NUMA node 22.0 ms (their twins {twin_scores[1]} ms): the twins rank the layouts {said}."
+                ) in text.splitlines()
 
 
 def test_verify_gives_each_engine_its_rows():
