@@ -46,6 +46,8 @@ CASES = [
     ({"tuned_profile_name": "../etc"}, "tuned_profile_name must be letters, digits"),
     ({"grub_reboot_timeout": 5}, "grub_reboot_timeout must be at least 60 s"),
     ({"cpufreq_before_units": ["llm inference"]}, "cpufreq_before_units and cpufreq_disable_agents must be systemd"),
+    ({"inference_service_after_units": ["llmtune-cstates.service", "x\nExecStartPre=/bin/sh"]},
+     "inference_service_after_units must be a list of systemd unit names"),
     ({"benchmark_concurrency": [0, 2]}, "benchmark_concurrency must be a non-empty list of levels >= 1"),
     ({"benchmark_fail_below": {"decode_tokens_per_s": 0}}, "benchmark_fail_below must be ratios > 0"),
     ({"inference_service_threads": "abc"}, "inference_service_threads"),
