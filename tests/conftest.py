@@ -44,6 +44,7 @@ import subprocess  # noqa: E402
 import time  # noqa: E402
 import urllib.request  # noqa: E402
 
+import psutil  # noqa: E402
 import pytest  # noqa: E402
 
 VENV_BIN = os.path.dirname(sys.executable)
@@ -72,6 +73,13 @@ def free_port():
         return sock.getsockname()[1]
 
 
+def engine_pid(url):
+    """PID of the `transformers serve` of serve() listening at URL."""
+    port = url.rsplit(":", 1)[1]
+    return next(proc.pid for proc in psutil.process_iter(["cmdline"])
+                if "serve" in (proc.info["cmdline"] or []) and port in (proc.info["cmdline"] or []))
+
+
 @pytest.fixture(scope="session")
 def tiny_proxy_dir(tmp_path_factory):
     """The test-only qwen3-test-tiny proxy: real tokenizer and architecture, milliseconds per token."""
@@ -82,14 +90,15 @@ def tiny_proxy_dir(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def serve(model_dir, log_dir, threads, cpus=None):
+def serve(model_dir, log_dir, threads, cpus=None, env=None):
     """The real `transformers serve` with MODEL_DIR preloaded on 127.0.0.1 and THREADS torch threads, bound to the
-    set CPUS when given (sched_setaffinity(2)); yields its base URL and ends it afterwards."""
+    set CPUS when given (sched_setaffinity(2)), with ENV added to its environment; yields its base URL and ends it
+    afterwards."""
     port = free_port()
     log_path = log_dir / "serve.log"
     cmd = [os.path.join(VENV_BIN, "transformers"), "serve", str(model_dir), "--device", "cpu",
            "--host", "127.0.0.1", "--port", str(port)]
-    env = dict(PROXY_ENV, OMP_NUM_THREADS=str(threads))
+    env = dict(PROXY_ENV, OMP_NUM_THREADS=str(threads), **(env or {}))
     with open(log_path, "w", encoding="utf-8") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                                 preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)

@@ -17,7 +17,7 @@ import pytest
 import transformers  # noqa: E402,F401  (the real engine serves the tests)
 
 import inference_benchmark as bench  # noqa: E402  (library/ is on sys.path via conftest)
-from conftest import ROOT, VENV_BIN, free_port  # noqa: E402
+from conftest import ROOT, VENV_BIN, engine_pid, free_port  # noqa: E402
 
 SO_TIMESTAMPNS = 35  # asm-generic/socket.h (x86-64, arm64); Python's socket module does not export it
 PROMPTS = ["What is the capital of Australia?", "请用一句话解释什么是人工智能。", "Why is the sky blue?"]
@@ -425,12 +425,6 @@ def test_cpu_split_separates_engine_benchmark_and_others():
     assert bench.is_noisy(split, 0.25) and not bench.is_noisy(split, 0.5)
     assert bench.is_noisy(dict(split, other=0.0, steal_percent=5.1), 0.25)
     assert bench.cpu_split(dict(before, engine=None), after)["other"] == 1.7  # engine unknown: counted as other
-
-
-def engine_pid(url):
-    port = url.rsplit(":", 1)[1]
-    return next(proc.pid for proc in psutil.process_iter(["cmdline"])
-                if "serve" in (proc.info["cmdline"] or []) and port in (proc.info["cmdline"] or []))
 
 
 def test_another_busy_process_marks_the_run_noisy(inference_server, model_id):
