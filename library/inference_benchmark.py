@@ -204,6 +204,13 @@ options:
         not above the planned rounds, adds none.
     type: int
     default: 0
+  twin_deadline:
+    description:
+      - With O(twin_url), the time (seconds since the epoch, the host's clock) after which no paired round is added
+        (O(twin_max_rounds)); the planned rounds run anyway. The auto-tune gives each row a share of its time budget
+        so that the rounds of one row do not use up the time of the rows after it. 0 sets no deadline.
+    type: float
+    default: 0
   busy_limit:
     description:
       - CPUs (in units of one CPU, for example C(0.25) for a quarter of one) that other processes may keep busy
@@ -977,15 +984,16 @@ def run_paired_level(sides, model, params, concurrency, first_index):
     """The level of run_level on two sides SIDES (the service's engines, their twins, in the same order) in rounds of
     CONCURRENCY requests, each round's prompts sent to one side and then the other, the first swapped every round;
     request I of the level goes to engine I modulo their number on both sides. Rounds are added while the verdict
-    is not within (O(twin_max_rounds)). Returns (service level, twin level, prompts used); the twin level carries
-    the paired gaps (see RV(twin.gap_percent))."""
+    is not within (O(twin_max_rounds)) and O(twin_deadline) has not passed. Returns (service level, twin level,
+    prompts used); the twin level carries the paired gaps (see RV(twin.gap_percent))."""
     planned = [min(concurrency, params["requests"] - start) for start in range(0, params["requests"], concurrency)]
     results, walls, gaps, used = ([], []), [0.0, 0.0], [], 0
     cpu_before = cpu_sample(engine_pids(params))
     with ThreadPoolExecutor(max_workers=concurrency) as pool:
         while len(gaps) < len(planned) or (
                 len(gaps) < params["twin_max_rounds"]
-                and gap_spread(gaps, params["twin_max_gap_percent"])["verdict"] != "within"):
+                and gap_spread(gaps, params["twin_max_gap_percent"])["verdict"] != "within"
+                and not 0 < params["twin_deadline"] <= time.time()):
             size = planned[len(gaps)] if len(gaps) < len(planned) else concurrency
             batch, answers = [(used + i, prompt_for(params, first_index + used + i)) for i in range(size)], [None, None]
             used += size
@@ -1318,6 +1326,7 @@ ARGUMENT_SPEC = {
     "more_twin_engine_pids": {"type": "list", "elements": "int", "default": []},
     "twin_max_gap_percent": {"type": "float", "default": 5.0},
     "twin_max_rounds": {"type": "int", "default": 0},
+    "twin_deadline": {"type": "float", "default": 0},
     "busy_limit": {"type": "float", "default": 0.25},
     "settle_timeout": {"type": "float", "default": 60},
     "lock_path": {"type": "path", "default": "/run/llmtune/benchmark.lock"},

@@ -590,22 +590,25 @@ def test_paired_run_sends_each_round_to_both_in_swapped_order(inference_server, 
     assert result["levels"][0]["cpu"]["engine"] > 0.05
 
 
-@pytest.mark.parametrize("delay_s, limit, rounds, verdicts", [
+@pytest.mark.parametrize("delay_s, limit, deadline, rounds, verdicts", [
     # Each response piece of the service held 40 ms: far slower, rounds added up to twin_max_rounds. "over" when
     # every round shows it; beside the compile and the VM one round of the twin was once slower still
     # ("unresolved"): what the verdict makes of the rounds is tested on fixed figures below.
-    (0.04, 5.0, 5, {"over", "unresolved"}),
+    (0.04, 5.0, 0, 5, {"over", "unresolved"}),
     # Within the limit after the planned rounds: none added.
-    (0.0, 1000.0, 2, {"within"}),
+    (0.0, 1000.0, 0, 2, {"within"}),
+    # The same gap past the row's deadline (its share of the auto-tune's budget): the planned rounds alone.
+    (0.04, 5.0, 1.0, 2, {"over", "unresolved", "within"}),
 ])
-def test_rounds_are_added_while_the_gap_is_not_within(inference_server, model_id, delay_s, limit, rounds, verdicts):
+def test_rounds_are_added_while_the_gap_is_not_within(inference_server, model_id, delay_s, limit, deadline, rounds,
+                                                      verdicts):
     upstream = int(inference_server.rsplit(":", 1)[1])
     service, twin = TimingRelay(upstream, delay_s), TimingRelay(upstream)
     try:
         result, failure, _ = bench.run(params(url=f"http://127.0.0.1:{service.port}", model=model_id, warmup=1,
                                               requests=2, max_tokens=6, concurrency=[1, 2],
                                               twin_url=f"http://127.0.0.1:{twin.port}", twin_max_rounds=5,
-                                              twin_max_gap_percent=limit))
+                                              twin_max_gap_percent=limit, twin_deadline=deadline))
     finally:
         service.close()
         twin.close()
