@@ -31,6 +31,18 @@ def copy_tree(tmp_path, group, name):
     return root
 
 
+def stored_choices():
+    """[(name, setting)]: the chosen setting of every kind of stored auto-tune result (tests/fixtures/autotune)."""
+    import json
+
+    folder = os.path.join(FIXTURES, "autotune")
+    with open(os.path.join(folder, "stored-choices.json"), encoding="utf-8") as handle:
+        choices = list(json.load(handle).items())
+    with open(os.path.join(folder, "autotune-demo.json"), encoding="utf-8") as handle:
+        choices.append(("the demo's transformers winner, gguf_type null", json.load(handle)["chosen"]))
+    return choices
+
+
 def read(*parts):
     """Text of the file at os.path.join(*PARTS)."""
     with open(os.path.join(*parts), encoding="utf-8") as handle:

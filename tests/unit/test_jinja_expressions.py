@@ -12,7 +12,6 @@ template files, as the template action does.
 import base64
 import hashlib
 import json
-import re
 import contextlib
 import os
 import warnings
@@ -316,88 +315,6 @@ def test_sandbox_exposure_line():
         "Overall exposure level for llm-inference.service: 1.9 OK")
 
 
-def twin_result(decode_gap, e2e_gap, verdict, engines=None):
-    """inference_benchmark's RV(twin) for paired rounds with these median gaps, percent, and its verdict."""
-    level = {"engines": engines} if engines else {}
-    return {"summary": {"decode_tokens_per_s": 52.0, "output_tokens_per_s": 50.0, "e2e_ms_p50": 680.0,
-                        "ttft_ms_p50": 48.0, "tpot_ms_p50": 19.0},
-            "levels": [level],
-            "gap_percent": {"rounds": 4, "decode_tokens_per_s": {"median": decode_gap, "min": decode_gap - 2, "max": decode_gap + 3},
-                            "ttft_ms": {"median": 1.0, "min": 0.0, "max": 2.0},
-                            "e2e_ms": {"median": e2e_gap, "min": e2e_gap - 1, "max": e2e_gap + 1}, "verdict": verdict}}
-
-
-TWIN_SHARES = [{"url": "http://127.0.0.1:8100", "requests": 1}, {"url": "http://127.0.0.1:8101", "requests": 1}]
-STARTED = {"url": "http://127.0.0.1:8100", "pid": 7}
-SHORT = {"skipped": True, "msg": "not enough memory for the twin beside the service"}
-
-
-def twin_row(decode_gap, verdict, score_ms, engines=None):
-    """The row's twin as measure.yml records it from twin_result(decode_gap, 0.8, verdict, engines), scored as the
-    row is."""
-    return {"decode_tokens_per_s": 52.0, "output_tokens_per_s": 50.0, "e2e_ms_p50": 680.0, "engines": engines,
-            "score_ms": score_ms,
-            "gap_percent": {"decode_tokens_per_s": decode_gap, "e2e_ms": 0.8}, "verdict": verdict}
-
-
-@pytest.mark.parametrize("concurrency, score_ms, twin, started, expect_twin, engines", [
-    # One request in flight: its end-to-end latency, TTFT p50 + 31 x TPOT p50; the service 1.2 % slower than its twin.
-    (1, 50.0 + 31 * 20.0, twin_result(1.2, 0.8, "within"), [STARTED], twin_row(1.2, "within", 48.0 + 31 * 19.0), 1),
-    # More: ms per output token served to all clients, 1000 / aggregate output tokens/s; decode 7.5 % behind the twin.
-    (4, round(1000 / 48.0, 2), twin_result(7.5, 0.8, "over"), [STARTED], twin_row(7.5, "over", 1000 / 50.0), 1),
-    # No room for the twin beside the service: engine_direct's reason is kept.
-    (1, 50.0 + 31 * 20.0, None, [SHORT], {"skipped": SHORT["msg"]}, 1),
-    # Twins turned off: the start task was skipped by its condition.
-    (1, 50.0 + 31 * 20.0, None, None, {"skipped": "autotune_direct_twin is false"}, 1),
-    # One engine per NUMA node, each beside its own twin: the peak memory of both engines, each one's share and
-    # each twin's.
-    (2, round(1000 / 48.0, 2), twin_result(-0.5, 0.8, "within", TWIN_SHARES), [STARTED, STARTED],
-     twin_row(-0.5, "within", 1000 / 50.0, TWIN_SHARES), 2),
-    # The second engine's twin found no room: the first one's alone is no comparison of the layout.
-    (2, round(1000 / 48.0, 2), None, [STARTED, SHORT], {"skipped": SHORT["msg"]}, 2),
-])
-def test_autotune_row_from_proc_status_and_the_workload_score(concurrency, score_ms, twin, started, expect_twin,
-                                                             engines):
-    tsk = task("roles/autotune/tasks/measure.yml", "Record the row")
-    status = read(JINJA, "proc-status")
-    summary = {"ttft_ms_p50": 50.0, "ttft_ms_p95": 60.0, "tpot_ms_p50": 20.0, "decode_tokens_per_s": 50.0,
-               "e2e_ms_p50": 700.0, "output_tokens_per_s": 48.0}
-    key = "/opt/llmtune/models/m.gguf auto"
-    instances = [{"unit": "llm-inference.service", "cpus": "0 1"}] if engines == 1 else \
-        [{"unit": "llm-inference@0.service", "cpus": "0"}, {"unit": "llm-inference@1.service", "cpus": "1"}]
-    shares = [{"url": "http://127.0.0.1:800%d" % i, "requests": 1} for i in range(engines)] if engines > 1 else None
-    level = {"prompt_tokens_mean": 128, "output_tokens": 64, "requests": 2, "tpot_ms": {"p50": 20.0, "p95": 24.0},
-             "cpu": {"other": 0.02}, "prompt_tokens_cached_mean": None}
-    if shares:
-        level["engines"] = shares
-    variables = {
-        "__autotune_rows": [], "__autotune_row": {"engine": "llama_cpp"}, "autotune_output_tokens": 32,
-        "autotune_concurrency": concurrency,
-        "__autotune_bench": {"levels": [level], "summary": summary, "noisy": False, "roofline": {"percent": 40},
-                             "host_load": {"loadavg_before": [0.1, 0.1, 0.1]}},
-        "__autotune_roofline_key": key,
-        "__autotune_rooflines": {key: {"bandwidth_gb_s": 10.0, "decode_upper_bound_tokens_per_s": 120.0}},
-        "inference_service_running": {"parallel": 4, "continuous_batching": None, "instances": instances,
-                                      "layout": "single" if engines == 1 else "per_node"},
-        "__autotune_status": {"results": [{"content": base64.b64encode(status.encode()).decode()}] * engines},
-        "autotune_direct_twin": started is not None, "autotune_direct_max_gap_percent": 5,
-        "__autotune_twins": {"results": started or [{"skipped": True, "skip_reason": "Conditional result was False"}] * engines},
-    }
-    if twin:
-        variables["__autotune_bench"]["twin"] = twin
-    rows = render(tsk["ansible.builtin.set_fact"]["__autotune_rows"], **task_vars(tsk, **variables))
-    rounds = rows[0]["twin"].pop("rounds", None)
-    assert rows[0]["twin"] == expect_twin
-    assert rounds == (twin["gap_percent"] if twin else None)
-    vmhwm_kb = int([line for line in status.splitlines() if line.startswith("VmHWM:")][0].split()[1])
-    assert rows[0]["rss_mb"] == round(engines * vmhwm_kb / 1024)
-    assert (rows[0]["noisy"], rows[0]["other_cpus"]) == (False, 0.02)
-    assert (rows[0]["score_ms"], rows[0]["tpot_ms_p95"], rows[0]["parallel"]) == (score_ms, 24.0, 4)
-    assert rows[0]["roofline_tokens_per_s"] == 120.0
-    assert (rows[0]["layout"], rows[0]["engine_cpus"], rows[0]["engine_shares"]) == (
-        ("single", None, None) if engines == 1 else ("per_node", ["0", "1"], shares))
-
-
 def test_grub_bls_args_from_grubby():
     tsk = task("roles/grub/tasks/regenerate-RedHat.yml", "Set the kernel arguments of every BLS entry")
     lines = read(JINJA, "grubby-info-rhel9").splitlines()
@@ -650,186 +567,7 @@ def test_vm_checks_weights_locked(locked, weights, verdict):
     assert observed["engine access rule (nftables)"] == "loaded"
 
 
-# --- roles/autotune: the candidates the operator allows, and the choice among what was measured ---------------
-
-AUTOTUNE_TOPOLOGY = {"recommended": {"cpus": [0, 1], "threads": 2}, "usable_cpus": [0, 1],
-                     "isa": {"avx512_bf16": True}}
-
-
-TF32 = ["transformers", "float32"]
-
-
-@pytest.mark.parametrize("allowed, gguf_types, dtypes, bf16, stacks, later", [
-    (False, ["bf16", "q8_0"], ["bfloat16", "float32"], True, [["transformers", "bfloat16"], ["llama_cpp", "bf16"]], [TF32]),
-    (True, ["bf16", "q8_0"], ["bfloat16", "float32"], True,
-     [["transformers", "bfloat16"], ["llama_cpp", "bf16"], ["llama_cpp", "q8_0"]], [TF32]),
-    # llama-quantize's types are quantized too.
-    (False, ["bf16", "q4_k_m", "q6_k"], ["bfloat16", "float32"], True,
-     [["transformers", "bfloat16"], ["llama_cpp", "bf16"]], [TF32]),
-    (True, ["q4_k_m"], ["bfloat16", "float32"], True, [["transformers", "bfloat16"], ["llama_cpp", "q4_k_m"]], [TF32]),
-    # No native bf16 (Zen 3): every stack in stage 1, in the operator's order.
-    (False, ["bf16"], ["bfloat16", "float32"], False, [["transformers", "bfloat16"], TF32, ["llama_cpp", "bf16"]], []),
-    (False, ["bf16"], ["float32"], True, [["llama_cpp", "bf16"]], [TF32]),
-    # Only float32 allowed: it is stage 1, not left for later.
-    (False, [], ["float32"], True, [TF32], []),
-])
-def test_autotune_candidates_hold_quantized_formats_only_when_allowed(allowed, gguf_types, dtypes, bf16, stacks, later):
-    tsk = task("roles/autotune/tasks/main.yml", "List the candidates")
-    topology = dict(AUTOTUNE_TOPOLOGY, isa={"avx512_bf16": bf16})
-    variables = task_vars(tsk, cpu_topology=topology, autotune_allow_quantized=allowed,
-                          autotune_engines=["transformers", "llama_cpp"], autotune_dtypes=dtypes,
-                          autotune_gguf_types=gguf_types)
-    # bf16 stacks first on a CPU that computes bf16 natively, float32 ones after every other stage (the time budget
-    # may not reach the last ones).
-    assert render(tsk["ansible.builtin.set_fact"]["__autotune_stacks"], **variables) == stacks
-    assert render(tsk["ansible.builtin.set_fact"]["__autotune_stacks_later"], **variables) == later
-
-
-@pytest.mark.parametrize("later, rows, counted", [
-    ([TF32], [{"format": "float32", "status": "measured"}], True),
-    # Not reached within the time budget: no float32 step in the report.
-    ([TF32], [{"format": "float32", "status": "skipped (time budget)"}], False),
-    # No stage 6 (no native bf16: float32 was a stage 1 stack and is in that stage's step already).
-    ([], [{"format": "float32", "status": "measured"}], False),
-])
-def test_autotune_float32_stage_counts_only_when_it_measured(later, rows, counted):
-    tsk = task("roles/autotune/tasks/main.yml", "Choose among every stage's rows")
-    assert condition(tsk["when"], __autotune_stacks_later=later, __autotune_rows=rows) is counted
-
-
-CHOOSE = "Choose the lowest score among the measured candidates within the memory budget and latency bounds"
-
-
-def test_autotune_chooses_the_lowest_score_of_quiet_measured_candidates():
-    tsk = task("roles/autotune/tasks/choose.yml", CHOOSE)
-    rows = [{"tuned": False, "status": "measured", "score_ms": 100.0, "noisy": False, "rss_mb": 900},
-            {"tuned": True, "status": "measured", "score_ms": 200.0, "noisy": True, "rss_mb": 900},
-            {"tuned": True, "status": "measured", "score_ms": 300.0, "noisy": False, "rss_mb": 900},
-            {"tuned": True, "status": "measured", "score_ms": 250.0, "noisy": False, "rss_mb": 2000},
-            {"tuned": True, "status": "failed: the engine failed to start"}]
-    chosen = tsk["ansible.builtin.set_fact"]["__autotune_chosen"]
-    unbounded = {"autotune_max_ttft_p95_ms": 0, "autotune_max_tpot_p95_ms": 0}
-    # The reference (engine defaults) and the noisy row never win; without a budget the 2000 MiB row does.
-    assert render(chosen, **task_vars(tsk, __autotune_rows=rows, autotune_memory_budget_mb=0, **unbounded))[
-        "score_ms"] == 250.0
-    assert render(chosen, **task_vars(tsk, __autotune_rows=rows, autotune_memory_budget_mb=1000, **unbounded))[
-        "score_ms"] == 300.0
-
-
-def test_autotune_leaves_out_candidates_above_the_latency_bounds():
-    tsk = task("roles/autotune/tasks/choose.yml", CHOOSE)
-    row = {"tuned": True, "status": "measured", "noisy": False, "rss_mb": 900}
-    rows = [dict(row, score_ms=20.0, ttft_ms_p95=900.0, tpot_ms_p95=40.0),  # most tokens/s, TTFT p95 too long
-            dict(row, score_ms=25.0, ttft_ms_p95=300.0, tpot_ms_p95=90.0),  # TPOT p95 too long
-            dict(row, score_ms=30.0, ttft_ms_p95=300.0, tpot_ms_p95=None),  # no TPOT figure: cannot show it is within
-            dict(row, score_ms=40.0, ttft_ms_p95=300.0, tpot_ms_p95=40.0)]
-
-    def choose(ttft, tpot):
-        resolved = task_vars(tsk, __autotune_rows=rows, autotune_memory_budget_mb=0,
-                             autotune_max_ttft_p95_ms=ttft, autotune_max_tpot_p95_ms=tpot)
-        return (render(tsk["ansible.builtin.set_fact"]["__autotune_chosen"], **resolved)["score_ms"],
-                render(tsk["ansible.builtin.set_fact"]["__autotune_reason"], **resolved).strip())
-
-    assert choose(0, 0) == (20.0, "lowest workload score of 4 measured candidates")
-    assert choose(500, 0) == (25.0, "lowest workload score of 3 measured candidates, 1 over the latency bounds")
-    assert choose(500, 50) == (40.0, "lowest workload score of 1 measured candidates, 3 over the latency bounds")
-
-
-@pytest.mark.parametrize("margin, new_score, kept", [
-    (5, 97.0, 100.0),   # 3 % better: within the margin, the setting of the stage before stays
-    (5, 94.0, 94.0),    # 6 % better: replaces it
-    (0, 99.9, 99.9),    # no margin: the lowest score
-    (5, 100.0, 100.0),  # the kept setting is still the best: chosen, and the reason does not say kept
-])
-def test_autotune_keeps_the_earlier_setting_within_the_margin(margin, new_score, kept):
-    tsk = task("roles/autotune/tasks/choose.yml", CHOOSE)
-    row = {"tuned": True, "status": "measured", "noisy": False, "rss_mb": 900}
-    earlier = dict(row, score_ms=100.0, allocator="none")
-    rows = [earlier] + ([dict(row, score_ms=new_score, allocator="jemalloc")] if new_score != 100.0 else [])
-    resolved = task_vars(tsk, __autotune_rows=rows, __autotune_chosen=earlier, autotune_min_gain_percent=margin,
-                         autotune_memory_budget_mb=0, autotune_max_ttft_p95_ms=0, autotune_max_tpot_p95_ms=0)
-    assert render(tsk["ansible.builtin.set_fact"]["__autotune_chosen"], **resolved)["score_ms"] == kept
-    reason = render(tsk["ansible.builtin.set_fact"]["__autotune_reason"], **resolved).strip()
-    assert ("kept over" in reason) == (kept == 100.0 and new_score != 100.0)
-
-
-def test_autotune_report_shows_the_share_of_each_stage():
-    ref = {"tuned": False, "engine": "transformers", "format": "auto", "threads": None, "cpus": "", "allocator": "none",
-           "parallel": None, "continuous_batching": False, "status": "measured", "score_ms": 6000.0,
-           "decode_tokens_per_s": 5.0, "ttft_ms_p50": 1000.0, "tpot_ms_p50": 160.0, "prompt_tokens_mean": 138.0}
-    step = {"engine": "llama_cpp", "format": "bf16", "threads": 2, "cpus": "0 1", "allocator": "none",
-            "parallel": 1, "continuous_batching": None}
-    steps = [dict(step, stage="stack", score_ms=4000.0, decode_tokens_per_s=11.0),
-             dict(step, stage="threads", score_ms=4000.0, decode_tokens_per_s=11.0),
-             dict(step, stage="allocator", allocator="jemalloc", score_ms=3000.0, decode_tokens_per_s=13.0)]
-    chosen = dict(steps[-1], tuned=True, status="measured", ttft_ms_p50=900.0, roofline_percent=70.0,
-                  roofline_tokens_per_s=18.0, bandwidth_gb_s=20.0, rss_mb=1500, output_tokens_per_s=13.0)
-    result = {"chosen": chosen, "reference": ref, "rows": [ref, chosen], "steps": steps, "reason": "lowest",
-              "workload": {"prompt_tokens": 128, "output_tokens": 32, "concurrency": 1},
-              "limits": {"engines": ["transformers", "llama_cpp"]}, "score": "ms", "time_budget_s": 1800,
-              "elapsed_s": 400, "finished": "now"}
-    text = render_template_file("roles/autotune/templates/autotune.md.j2", __autotune_result=result,
-                                __autotune_baseline={"decode_tokens_per_s": 4.0, "prompt_tokens_mean": 19.0},
-                                inventory_hostname="node",
-                                cpu_topology={"model_name": "AMD EPYC"})
-    table = [line for line in text.splitlines() if line.startswith("| ") and re.match(r"x[0-9]", line.split("|")[4].strip())]
-    assert [line.split("|")[4].strip() for line in table] == ["x1.25 (decode)", "x1.5", "x1.0", "x1.33"]
-    assert table[0].split("|")[5].strip() == "4.0 → 5.0"
-    # Decode slows with the context: the OS row names both prompt lengths.
-    assert "prompts of 19.0 tokens on the untuned OS, these rows 138.0" in table[0]
-    assert "allocator jemalloc" in table[-1]
-
-
-def test_autotune_report_names_the_gap_to_each_rows_twin():
-    row = {"tuned": True, "engine": "llama_cpp", "format": "bf16", "threads": 2, "cpus": "0 1", "allocator": "none",
-           "parallel": 1, "continuous_batching": None, "status": "measured", "score_ms": 2000.0,
-           "decode_tokens_per_s": 20.0, "ttft_ms_p50": 600.0, "roofline_percent": 70.0, "roofline_tokens_per_s": 28.0,
-           "bandwidth_gb_s": 30.0, "rss_mb": 3000, "output_tokens_per_s": 15.0}
-    def twin(decode, gap, e2e, low, high, verdict, rounds=2):
-        return {"decode_tokens_per_s": decode, "gap_percent": {"decode_tokens_per_s": gap, "e2e_ms": e2e},
-                "rounds": {"rounds": rounds, "planned_rounds": 2,
-                           "decode_tokens_per_s": {"median": gap, "min": low, "max": high}},
-                "verdict": verdict}
-
-    within = dict(row, twin=twin(20.3, 1.5, -0.4, -2.0, 5.0, "within"))
-    # Beyond the limit after its 2 planned rounds: rounds added up to autotune_direct_max_rounds, slower in each.
-    over = dict(row, allocator="tcmalloc", twin=twin(22.0, 9.1, 8.2, 6.1, 12.1, "over", rounds=8))
-    # The demo's sweep on a 2-vCPU Zen 5 VM: rounds that disagree (before rounds were added).
-    unresolved = dict(row, threads=1, twin=twin(24.1, 8.2, 9.6, -1.0, 17.4, "unresolved"))
-    alone = dict(row, allocator="jemalloc", twin={"skipped": "not enough memory for the twin beside the service"})
-    result = {"chosen": within, "rows": [within, over, unresolved, alone], "steps": [], "reason": "lowest",
-              "direct_max_gap_percent": 5.0,
-              "workload": {"prompt_tokens": 128, "output_tokens": 32, "concurrency": 1},
-              "limits": {"engines": ["llama_cpp"]}, "score": "ms", "time_budget_s": 1800, "elapsed_s": 400, "finished": "now",
-              "inputs": {"twin": {"max_rounds": 8}}}
-    text = render_template_file("roles/autotune/templates/autotune.md.j2", __autotune_result=result, __autotune_baseline={},
-                                inventory_hostname="node", cpu_topology={"model_name": "AMD EPYC"})
-    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and " bf16 " in line]
-    assert [(cells[-2], cells[-1]) for cells in rows] == [
-        ("20.3", "1.5 / -0.4 |"), ("22.0", "**9.1 / 8.2 (over 5.0 % in every round: the unit costs speed)** (8 rounds) |"),
-        ("24.1", "8.2 / 9.6 (not resolved: rounds -1.0 to 17.4) |"), ("-", "no twin |")]
-    assert ("Direct-run twins: 3 of 4 measured rows ran the same engine and settings directly, outside systemd, beside the "
-            "service, each prompt sent to both in turn (2 to 8 paired rounds a row: rounds are added while a row's gap is "
-            "beyond the limit, up to 8); the service was slower by 1.5 to 9.1 % in decode (medians of "
-            "paired rounds; negative: faster); over 5.0 % in every round on 1 row(s), marked in bold; beyond 5.0 % on 1 "
-            "row(s) whose rounds disagree (not resolved at 2 rounds: the noise is wider than the gap).") in text
-    assert ("No twin for llama_cpp bf16 (2 threads, allocator jemalloc): not enough memory for the twin beside the "
-            "service.") in text
-
-
-@pytest.mark.parametrize("concurrency, parallel, slots", [
-    (1, [], [1]),
-    (4, [], [1, 2, 4]),
-    (6, [], [1, 2, 4]),
-    (4, [3, 3, 8], [3, 8]),
-])
-def test_autotune_slot_candidates(concurrency, parallel, slots):
-    tsk = task("roles/autotune/tasks/main.yml", "List the candidates")
-    variables = task_vars(tsk, cpu_topology=AUTOTUNE_TOPOLOGY, autotune_allow_quantized=False,
-                          autotune_engines=["llama_cpp"], autotune_dtypes=[], autotune_gguf_types=["bf16"],
-                          autotune_concurrency=concurrency, autotune_parallel=parallel)
-    assert render(tsk["ansible.builtin.set_fact"]["__autotune_slots"], **variables) == slots
-
+# --- roles/autotune: the variables' ranges (its decisions are tested in test_autotune.py) -----------------------
 
 AUTOTUNE_DEFAULTS = load("roles/autotune/defaults/main.yml")
 
@@ -855,28 +593,6 @@ def test_autotune_refuses_bad_variables(overrides, failing):
     rules = [{key: render(value, **variables) if isinstance(value, str) else value for key, value in rule.items()}
              for rule in tsk["loop"]]
     assert [rule["name"] for rule in rules if not rule["ok"]] == failing
-
-
-AUTOTUNE_INPUTS = {"cpu": {"model_name": "AMD EPYC 9R14", "usable_cpus": [0, 1]},
-                   "workload": {"prompt_tokens": 128, "output_tokens": 32, "concurrency": 1}}
-
-
-@pytest.mark.parametrize("stored, changed", [
-    (None, ["no stored result"]),
-    ({"inputs": AUTOTUNE_INPUTS}, []),
-    # Written by another Python: the same JSON with other key order and spacing.
-    ({"inputs": {"workload": {"concurrency": 1, "output_tokens": 32, "prompt_tokens": 128},
-                 "cpu": {"usable_cpus": [0, 1], "model_name": "AMD EPYC 9R14"}}}, []),
-    ({"inputs": dict(AUTOTUNE_INPUTS, workload=dict(AUTOTUNE_INPUTS["workload"], concurrency=4))}, ["workload"]),
-    ({"inputs": {"cpu": dict(AUTOTUNE_INPUTS["cpu"], model_name="Intel Xeon"), "workload": {}}}, ["cpu", "workload"]),
-    # Stored before the inputs were recorded.
-    ({"chosen": {}}, ["cpu", "workload"]),
-])
-def test_autotune_keeps_a_result_while_its_inputs_hold(stored, changed):
-    tsk = task("roles/autotune/tasks/main.yml", "Compare them with the stored result's")
-    content = {} if stored is None else {"content": base64.b64encode(json.dumps(stored, indent=2).encode()).decode()}
-    variables = task_vars(tsk, __autotune_inputs=AUTOTUNE_INPUTS, __autotune_stored=content)
-    assert render(tsk["ansible.builtin.set_fact"]["__autotune_changed"], **variables) == changed
 
 
 @pytest.mark.parametrize("names, removed", [
@@ -908,21 +624,6 @@ def test_autotune_changes_the_unit_alone_only_of_the_deployed_engine_and_file(en
                           inference_service_gguf_type=gguf_type, __inference_service_model_path=model_path)
     assert all(condition(that, **variables) for that in tsk["ansible.builtin.assert"]["that"]) is deployed
 
-
-
-@pytest.mark.parametrize("stored, baseline", [
-    (None, {}),  # no baseline measured yet
-    ({"summary": {"decode_tokens_per_s": 6.93}, "levels": [{"prompt_tokens_mean": 19.0}]},
-     {"decode_tokens_per_s": 6.93, "prompt_tokens_mean": 19.0}),
-    ({"summary": {"decode_tokens_per_s": 6.93}}, {"decode_tokens_per_s": 6.93, "prompt_tokens_mean": None}),
-])
-def test_autotune_keeps_the_baseline_summary_and_its_prompt_length(stored, baseline):
-    tsk = task("roles/autotune/tasks/main.yml", "List the candidates")
-    found = {"content": base64.b64encode(json.dumps(stored).encode()).decode()} if stored else {}
-    variables = task_vars(tsk, __autotune_baseline_file=found, cpu_topology=AUTOTUNE_TOPOLOGY,
-                          autotune_allow_quantized=False, autotune_engines=["llama_cpp"], autotune_dtypes=[],
-                          autotune_gguf_types=["bf16"], autotune_concurrency=1, autotune_parallel=[], autotune_threads=[])
-    assert render(tsk["ansible.builtin.set_fact"]["__autotune_baseline"], **variables) == baseline
 
 
 # --- roles/benchmark: the memory bandwidth probe ------------------------------------------------------------------
@@ -1148,42 +849,6 @@ def test_the_report_gives_each_engines_share():
     assert ("concurrency 1, engine 1 (http://127.0.0.1:8001): 1 requests, 0 errors, 8 output tokens, TTFT p50 790.0 ms, "
             "decode p50 3.3 tokens/s; its twin (http://127.0.0.1:8101): TTFT p50 801.0 ms, decode p50 3.3 tokens/s"
             ) in text.splitlines()
-
-
-def test_autotune_report_shows_one_engine_per_numa_node():
-    row = {"tuned": True, "engine": "llama_cpp", "format": "bf16", "threads": 1, "cpus": "0", "allocator": "none",
-           "parallel": 4, "continuous_batching": None, "status": "measured", "decode_tokens_per_s": 20.0,
-           "ttft_ms_p50": 600.0, "roofline_percent": 70.0, "roofline_tokens_per_s": 28.0, "bandwidth_gb_s": 30.0}
-    single = dict(row, layout="single", score_ms=40.0, rss_mb=300, output_tokens_per_s=25.0,
-                  twin={"skipped": "autotune_direct_twin is false"})
-    per_node = dict(row, layout="per_node", engine_cpus=["0", "1"], score_ms=22.0, rss_mb=600, output_tokens_per_s=45.0,
-                    twin={"skipped": "not enough memory for the twin beside the service"})
-    steps = [dict(single, stage="stack"), dict(per_node, stage="layout")]
-    result = {"chosen": per_node, "reference": dict(single, tuned=False), "rows": [single, per_node], "steps": steps,
-              "reason": "lowest", "workload": {"prompt_tokens": 16, "output_tokens": 8, "concurrency": 2},
-              "limits": {"engines": ["llama_cpp"]}, "score": "ms", "time_budget_s": 900, "elapsed_s": 60,
-              "finished": "now"}
-    text = render_template_file("roles/autotune/templates/autotune.md.j2", __autotune_result=result,
-                                __autotune_baseline={}, inventory_hostname="node", cpu_topology={"model_name": "QEMU"})
-    lines = text.splitlines()
-    # The two rows differ in their layout alone: only the one per node is marked chosen.
-    rows = [line for line in lines if line.startswith("| ") and " bf16 " in line and "slots" in line]
-    assert [(cells[1].strip(), cells[8].strip()) for cells in (line.split("|") for line in rows)] == [
-        ("candidate", "one engine"), ("**chosen**", "one engine per NUMA node, CPUs 0 / 1")]
-    assert any(line.startswith("Chosen (lowest): llama_cpp bf16, one engine per NUMA node, CPUs 0 / 1,") for line in lines)
-    assert any(line.startswith("| layout: one engine per NUMA node | llama_cpp bf16, one engine per NUMA node, CPUs 0 / 1")
-               for line in lines)
-    assert "No twin for llama_cpp bf16 (1 threads, allocator none): not enough memory for the twin beside the service." in lines
-    assert not any(line.startswith("Layout checked") for line in lines)
-    # Beside their twins: the twins' scores check the choice, whichever way they rank the layouts.
-    for twin_scores, said in (((41.0, 23.5), "as the services did"),
-                              ((30.0, 31.0), "the other way round: the choice is within the noise")):
-        rows = [dict(single, twin={"score_ms": twin_scores[0]}), dict(per_node, twin={"score_ms": twin_scores[1]})]
-        text = render_template_file("roles/autotune/templates/autotune.md.j2", __autotune_result=dict(result, rows=rows),
-                                    __autotune_baseline={}, inventory_hostname="node", cpu_topology={"model_name": "QEMU"})
-        assert (f"Layout checked by the direct-run twins: one engine scored 40.0 ms (its twin {twin_scores[0]} ms), one "
-                f"engine per NUMA node 22.0 ms (their twins {twin_scores[1]} ms): the twins rank the layouts {said}."
-                ) in text.splitlines()
 
 
 def test_verify_gives_each_engine_its_rows():

@@ -1,0 +1,658 @@
+# -*- coding: utf-8 -*-
+"""The auto-tune's decisions, in one place: the candidate stacks, the order the sweep measures them in within its
+time budget, a row made from a measurement, the choice after each stage and why, the Markdown report, and the one
+mapping from a measured setting to the inference_service role's variables (library/autotune_sweep.py and
+library/service_setting.py call these; tests/unit/test_autotune.py tests them on recorded rows).
+
+A setting is a dict of SETTING_KEYS: engine (transformers or llama_cpp), format (the transformers dtype or the GGUF
+weight type), threads, cpus, tuned (false: engine defaults, the reference), allocator, parallel (llama.cpp slots),
+continuous_batching (transformers) and layout (single, or per_node: one engine per NUMA node). A row is a setting
+with its status and figures. The sweep's state is a plain dict that each call takes and returns.
+"""
+
+from __future__ import annotations
+
+import json
+
+# Stored results carry this; a sweep of another version is measured again (inputs.method).
+RESULT_VERSION = 2
+SETTING_KEYS = ("engine", "format", "threads", "cpus", "tuned", "allocator", "parallel", "continuous_batching",
+                "layout")
+QUANTIZED = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
+BF16 = ("bfloat16", "bf16")
+FP32 = ("float32", "f32")
+# Phases in the order the sweep measures them. Every allowed engine's most promising stack comes first, then the
+# reference (engine defaults), then the other stacks, then variations of the best one; float32 stacks come last
+# where the CPU computes bf16 natively (twice the bytes per token for the same arithmetic).
+PHASES = ("first", "reference", "stack", "threads", "allocator", "batching", "layout", "float32")
+# The phases after which the setting kept so far is chosen again (the report's share of the gain of each).
+CHOICES = ("stack", "threads", "allocator", "batching", "layout", "float32")
+# Rows of these phases share what is left of the budget evenly, so that none of them spends it all on added twin
+# rounds before the others start.
+PRIORITY = ("first", "reference")
+SKIPPED = "skipped (time budget)"
+STEP_KEYS = ("engine", "format", "threads", "cpus", "allocator", "parallel", "continuous_batching", "layout",
+             "engine_cpus", "score_ms", "ttft_ms_p50", "decode_tokens_per_s", "output_tokens_per_s")
+LABELS = {"stack": "stack: engine and format, recommended threads and CPUs", "threads": "threads and CPUs",
+          "allocator": "allocator", "batching": "batching", "layout": "layout: one engine per NUMA node",
+          "float32": "float32 stacks (measured last where bf16 is native)"}
+
+
+class SweepError(Exception):
+    """A sweep that cannot go on, with the message the task fails with."""
+
+
+# --- the one mapping from a setting to the service's variables ------------------------------------------------
+
+def service_variables(setting, max_concurrent):
+    """The inference_service variables that serve SETTING (a row, a stored winner of any version of this project:
+    missing keys and nulls take the role's defaults). MAX_CONCURRENT is inference_service_max_concurrent, the slots
+    of a llama.cpp setting that names none."""
+    engine = setting.get("engine") or "transformers"
+    fmt = setting.get("format")
+    llama = engine == "llama_cpp"
+    return {
+        "inference_service_tuned": setting.get("tuned") is not False,
+        "inference_service_engine": engine,
+        # A GGUF file holds its own types: llama.cpp's dtype is auto, and transformers ignores the GGUF type.
+        "inference_service_dtype": "auto" if llama else (setting.get("dtype") or fmt or "auto"),
+        "inference_service_gguf_type": (setting.get("gguf_type") or fmt or "bf16") if llama else "bf16",
+        "inference_service_threads": int(setting.get("threads") or 0),
+        "inference_service_cpu_affinity": setting.get("cpus") or "",
+        "inference_service_allocator": setting.get("allocator") or "none",
+        "inference_service_parallel": int(setting.get("parallel") or max_concurrent),
+        "inference_service_continuous_batching": bool(setting.get("continuous_batching")),
+        "inference_service_layout": setting.get("layout") or "single",
+    }
+
+
+def check_service_variables(variables, argument_spec):
+    """Error messages of VARIABLES against the inference_service role's ARGUMENT_SPEC (its main entry point's
+    options, as the role checks them when it starts); [] when they deploy."""
+    from ansible.module_utils.common.arg_spec import ArgumentSpecValidator
+
+    spec = {name: option for name, option in argument_spec.items() if name in variables}
+    return list(ArgumentSpecValidator(spec).validate(dict(variables), validate_role_argument_spec=True).error_messages)
+
+
+def deploy_errors(setting, argument_spec):
+    """Why SETTING (a stored or new choice) would not deploy, or []: its variables against ARGUMENT_SPEC (the slots
+    of a setting without any are the role's, valid whatever they are)."""
+    if not setting:
+        return ["no chosen setting"]
+    return check_service_variables(service_variables(setting, 1), argument_spec)
+
+
+# --- what a sweep depends on ---------------------------------------------------------------------------------------
+
+# The operator's choices a sweep reads (the autotune_* variables and the benchmark's twin and settle settings).
+CONFIG_KEYS = ("engines", "dtypes", "gguf_types", "allow_quantized", "memory_budget_mb", "threads", "allocators",
+               "layouts", "parallel", "min_gain_percent", "prompt_tokens", "output_tokens", "concurrency", "requests",
+               "max_ttft_p95_ms", "max_tpot_p95_ms", "budget_s", "api_key_set", "twin",
+               "twin_max_gap_percent", "twin_max_rounds", "settle_timeout", "busy_limit")
+# Seconds to wait for a host that stayed busy through a whole wait before the row before (at most settle_timeout).
+BUSY_SETTLE_TIMEOUT = 10
+
+
+def sweep_config(options, topology):
+    """The sweep's config: the operator's OPTIONS (CONFIG_KEYS) and what the host's cpu_topology facts decide."""
+    missing = [key for key in CONFIG_KEYS if key not in options]
+    if missing:
+        raise SweepError("autotune_sweep: config lacks " + ", ".join(missing))
+    isa = topology.get("isa") or {}
+    rec = topology["recommended"]
+    config = {key: options[key] for key in CONFIG_KEYS}
+    config.update(native_bf16=bool(isa.get("avx512_bf16") or isa.get("amx_bf16") or isa.get("bf16")),
+                  recommended={"threads": int(rec["threads"]), "cpus": list(rec["cpus"])},
+                  usable_cpus=list(topology["usable_cpus"]), nodes=len(rec.get("per_node") or []),
+                  busy_settle_timeout=min(BUSY_SETTLE_TIMEOUT, options["settle_timeout"]))
+    return config
+
+
+def inputs_of(config, topology, service_inputs):
+    """What a stored result depends on, by group: a group that changes makes the next run measure again."""
+    rec = topology["recommended"]
+    return {
+        "method": RESULT_VERSION,
+        "cpu": {"model_name": topology.get("model_name") or "", "isa": topology.get("isa") or {},
+                "usable_cpus": topology["usable_cpus"],
+                "recommended": {"cpus": rec["cpus"], "threads": int(rec["threads"])},
+                "per_node": rec.get("per_node") or []},
+        "model": service_inputs["model"],
+        "engines": service_inputs["engines"],
+        "allowed": {key: config[key] for key in ("engines", "dtypes", "gguf_types", "allow_quantized",
+                                                 "memory_budget_mb", "threads", "allocators", "layouts", "parallel",
+                                                 "min_gain_percent")},
+        "workload": {key: config[key] for key in ("prompt_tokens", "output_tokens", "concurrency", "requests",
+                                                  "max_ttft_p95_ms", "max_tpot_p95_ms")},
+        # The rows' verdicts against their direct-run twins depend on these.
+        "twin": {"enabled": config["twin"], "max_gap_percent": config["twin_max_gap_percent"],
+                 "max_rounds": config["twin_max_rounds"]},
+    }
+
+
+# --- candidates ---------------------------------------------------------------------------------------------------
+
+def candidate_stacks(config):
+    """(stacks, later): [engine, format] pairs the operator allows, in the order they are measured. Where the CPU
+    computes bf16 natively, bf16 stacks first and float32 ones in LATER (measured after every other stage); else all in
+    the operator's order. Quantized GGUF types only when allowed."""
+    stacks = []
+    for engine in config["engines"]:
+        if engine == "transformers":
+            stacks += [[engine, dtype] for dtype in config["dtypes"]]
+        elif engine == "llama_cpp":
+            stacks += [[engine, gguf] for gguf in config["gguf_types"]
+                       if config["allow_quantized"] or gguf not in QUANTIZED]
+    lean = [stack for stack in stacks if stack[1] not in FP32]
+    if not (config["native_bf16"] and lean):
+        return stacks, []
+    return ([stack for stack in lean if stack[1] in BF16] + [stack for stack in lean if stack[1] not in BF16],
+            [stack for stack in stacks if stack[1] in FP32])
+
+
+def thread_candidates(config):
+    """Stage 2's thread counts: the operator's, or half the recommended threads and every usable CPU; never the
+    recommendation itself (stage 1 measured it), never more than the CPUs there are."""
+    rec, usable = config["recommended"], config["usable_cpus"]
+    wanted = config["threads"] or [max(1, rec["threads"] // 2), len(usable)]
+    limit = len(set(rec["cpus"]) | set(usable))
+    return [t for t in _unique(wanted) if t != rec["threads"] and t <= limit]
+
+
+def slot_candidates(config):
+    """Stage 4's llama.cpp slot counts: the operator's, or 1 and every power of two up to the concurrency."""
+    return _unique(config["parallel"] or [n for n in (1, 2, 4, 8, 16, 32, 64, 128, 256) if n <= config["concurrency"]])
+
+
+def cpu_order(config):
+    """The recommended CPUs (one per physical core) first, then the other usable CPUs (SMT siblings)."""
+    rec = config["recommended"]["cpus"]
+    return rec + sorted(set(config["usable_cpus"]) - set(rec))
+
+
+def _unique(values):
+    out = []
+    for value in values:
+        if value not in out:
+            out.append(value)
+    return out
+
+
+def _setting(engine, fmt, config, **changes):
+    """A tuned setting at the recommended threads and CPUs, one engine, no allocator, the engine's batching."""
+    setting = {"engine": engine, "format": fmt, "threads": config["recommended"]["threads"],
+               "cpus": " ".join(str(cpu) for cpu in config["recommended"]["cpus"]), "tuned": True, "allocator": "none",
+               "parallel": None, "continuous_batching": False, "layout": "single"}
+    setting.update(changes)
+    return setting
+
+
+def setting_of(row):
+    """The setting's own keys of ROW (not its figures)."""
+    return {key: row.get(key) for key in SETTING_KEYS}
+
+
+def per_node_possible(config):
+    """True where stage 5 can measure one engine per NUMA node: allowed, two or more nodes with usable cores, and a
+    key for nginx, their one endpoint."""
+    return "per_node" in config["layouts"] and config["nodes"] > 1 and config["api_key_set"]
+
+
+def phase_settings(phase, state):
+    """The settings PHASE measures, given what the phases before chose (state["chosen"])."""
+    config, chosen = state["config"], state["chosen"]
+    stacks, later = candidate_stacks(config)
+    if phase == "first":
+        # Each engine's most promising stack: its first in the measuring order (float32 only if it has nothing else).
+        firsts = []
+        for engine in config["engines"]:
+            own = [stack for stack in stacks + later if stack[0] == engine]
+            if own:
+                firsts.append(_setting(engine, own[0][1], config))
+        return firsts
+    if phase == "reference":
+        engine = config["engines"][0]
+        own = [stack[1] for stack in stacks + later if stack[0] == engine]
+        fmt = "auto" if engine == "transformers" else (own[0] if own else "bf16")
+        return [_setting(engine, fmt, config, threads=None, cpus="", tuned=False)]
+    if phase == "stack":
+        return [_setting(engine, fmt, config) for engine, fmt in stacks]
+    if phase == "float32":
+        return [_setting(engine, fmt, config) for engine, fmt in later]
+    if not chosen:
+        return []
+    base = setting_of(chosen)
+    if phase == "threads":
+        order = cpu_order(config)
+        return [dict(base, threads=t, cpus=" ".join(str(cpu) for cpu in order[:t])) for t in thread_candidates(config)]
+    if phase == "allocator":
+        return [dict(base, allocator=name) for name in config["allocators"] if name != "none"]
+    if phase == "batching" and config["concurrency"] > 1:
+        if base["engine"] == "llama_cpp":
+            return [dict(base, parallel=slots) for slots in slot_candidates(config) if slots != base["parallel"]]
+        return [dict(base, continuous_batching=True)]
+    if phase == "layout" and per_node_possible(config):
+        return [dict(base, layout="per_node")]
+    return []
+
+
+# --- the sweep: plan, record, choose ------------------------------------------------------------------------------
+
+def new_state(config, now):
+    """A sweep about to start at NOW (seconds since the epoch, the host's clock)."""
+    stacks, later = candidate_stacks(config)
+    if not stacks + later:
+        raise SweepError(
+            f"autotune: no candidate stack from autotune_engines={config['engines']}, autotune_dtypes={config['dtypes']}, "
+            f"autotune_gguf_types={config['gguf_types']} with autotune_allow_quantized={config['allow_quantized']}.")
+    # done: every setting planned so far (a row's own keys change with what the service ran, e.g. its slots).
+    return {"config": config, "started": now, "phase": -1, "queue": [], "done": [], "rows": [], "steps": [],
+            "chosen": None, "reason": "no candidate measured within the limits", "deployed": "", "busy": False,
+            "retry": False, "notes": []}
+
+
+def row_of(setting, stage):
+    """A row of SETTING measured in STAGE, before its figures: with the dtype and GGUF type it is served with."""
+    row = dict(setting, stage=stage)
+    variables = service_variables(setting, 0)
+    row["dtype"] = variables["inference_service_dtype"]
+    row["gguf_type"] = variables["inference_service_gguf_type"] if setting["engine"] == "llama_cpp" else None
+    return row
+
+
+
+
+def _close_phase(state):
+    """Choose after the phase that just ended, where it is a stage of the report."""
+    phase = PHASES[state["phase"]] if state["phase"] >= 0 else None
+    if phase not in CHOICES:
+        return
+    if phase == "layout" and not any(row["stage"] == "layout" for row in state["rows"]):
+        return
+    if phase == "float32" and not any(row["stage"] == "float32" and row["status"] == "measured" for row in state["rows"]):
+        return
+    state["chosen"], state["reason"] = choose(state["rows"], state["chosen"], state["config"])
+    if state["chosen"]:
+        state["steps"].append(dict({"stage": phase}, **{key: state["chosen"].get(key) for key in STEP_KEYS}))
+
+
+def next_row(state, now):
+    """The next row to measure as {"setting", "stage", "deploy", "variables", "twin_deadline", "settle_timeout"}, or
+    None when the sweep is done. Rows planned once the time budget is spent are recorded as skipped instead."""
+    config = state["config"]
+    while True:
+        if state["queue"]:
+            setting, stage = state["queue"][0]["setting"], state["queue"][0]["stage"]
+            if now - state["started"] > config["budget_s"]:
+                state["queue"].pop(0)
+                state["rows"].append(dict(row_of(setting, stage), status=SKIPPED))
+                continue
+            return _plan(state, setting, stage, now)
+        _close_phase(state)
+        if state["phase"] + 1 >= len(PHASES):
+            return None
+        state["phase"] += 1
+        phase = PHASES[state["phase"]]
+        if phase == "layout" and state["chosen"] and config["nodes"] > 1 and "per_node" in config["layouts"] \
+                and not config["api_key_set"]:
+            state["notes"].append("one engine per NUMA node not measured: the engines sit behind nginx, which checks a "
+                                  "key; set inference_service_api_key (or autotune_layouts=[single] to say so)")
+        state["queue"] = [{"setting": setting, "stage": phase} for setting in phase_settings(phase, state)
+                          if setting not in state["done"]]
+        state["done"] += [planned["setting"] for planned in state["queue"]]
+
+
+def _plan(state, setting, stage, now):
+    config = state["config"]
+    end = state["started"] + config["budget_s"]
+    if stage in PRIORITY:
+        # This row and the priority rows after it share what is left; the reference follows the first rows.
+        left = len(state["queue"]) + (1 if stage == "first" else 0)
+        deadline = now + max(0.0, end - now) / max(left, 1)
+    else:
+        deadline = end
+    key = f"{setting['engine']} {row_of(setting, stage)['gguf_type'] or ''}"
+    # A host that stayed busy through the last wait is not waited for again: the rows say they ran under load.
+    state["queue"][0]["settle_timeout"] = config["busy_settle_timeout"] if state["busy"] else config["settle_timeout"]
+    return {"setting": setting, "stage": stage,
+            # Rows of the engine and model file deployed last change the unit alone.
+            "deploy": "unit" if state["deployed"] == key else "main",
+            # No paired round is added after this (the planned ones run anyway).
+            "twin_deadline": round(deadline, 1),
+            "settle_timeout": state["queue"][0]["settle_timeout"],
+            "retry": state["retry"]}
+
+
+def score(summary, config):
+    """The workload score, lower is better: with one request in flight its end-to-end latency (TTFT p50 + (output
+    tokens - 1) x TPOT p50, ms); with more, ms per output token served to all clients (1000 / output tokens/s)."""
+    if config["concurrency"] < 2:
+        return round(summary["ttft_ms_p50"] + (config["output_tokens"] - 1) * summary["tpot_ms_p50"], 1)
+    return round(1000 / summary["output_tokens_per_s"], 2)
+
+
+def measured_row(row, measurement, config):
+    """ROW with the figures of MEASUREMENT: the benchmark's result, the twin row the benchmark role kept, the running
+    service (inference_service_running), the roofline and bandwidth, each engine's peak resident memory (kB)."""
+    result, running = measurement["result"], measurement["running"]
+    summary, level = result["summary"], result["levels"][0]
+    roofline = measurement.get("roofline") or {}
+    twin_row = measurement.get("twin") or {}
+    row = dict(row, status="measured", deploy=measurement.get("deploy"), deploy_s=measurement.get("deploy_s"),
+               parallel=running.get("parallel"), continuous_batching=running.get("continuous_batching"),
+               layout=running.get("layout") or "single",
+               ttft_ms_p50=summary["ttft_ms_p50"], ttft_ms_p95=summary["ttft_ms_p95"],
+               tpot_ms_p50=summary["tpot_ms_p50"], tpot_ms_p95=level["tpot_ms"]["p95"],
+               decode_tokens_per_s=summary["decode_tokens_per_s"], e2e_ms_p50=summary["e2e_ms_p50"],
+               output_tokens_per_s=summary["output_tokens_per_s"],
+               prompt_tokens_mean=level["prompt_tokens_mean"],
+               output_tokens_mean=round(level["output_tokens"] / max(level["requests"], 1), 1),
+               score_ms=score(summary, config),
+               rss_mb=round(sum(measurement.get("rss_kb") or [0]) / 1024),
+               engine_cpus=[engine["cpus"] for engine in running["instances"]] if len(running["instances"]) > 1 else None,
+               engine_shares=level.get("engines"),
+               bandwidth_gb_s=roofline.get("bandwidth_gb_s"),
+               roofline_tokens_per_s=roofline.get("decode_upper_bound_tokens_per_s"),
+               roofline_percent=(result.get("roofline") or {}).get("percent"),
+               noisy=bool(result["noisy"]), other_cpus=level["cpu"]["other"],
+               prompt_tokens_cached_mean=level.get("prompt_tokens_cached_mean"),
+               loadavg_before=result["host_load"]["loadavg_before"][0],
+               other_cpus_before=result["host_load"].get("other_cpus_before"),
+               settle_wait_s=result["host_load"].get("settle_wait_s"))
+    if "twin" in result:
+        twin, gap = result["twin"], result["twin"]["gap_percent"]
+        row["twin"] = {"decode_tokens_per_s": twin["summary"]["decode_tokens_per_s"],
+                       "output_tokens_per_s": twin["summary"]["output_tokens_per_s"],
+                       "score_ms": score(twin["summary"], config), "e2e_ms_p50": twin["summary"]["e2e_ms_p50"],
+                       "engines": twin["levels"][0].get("engines"),
+                       "gap_percent": {"decode_tokens_per_s": gap["decode_tokens_per_s"]["median"],
+                                       "e2e_ms": gap["e2e_ms"]["median"]},
+                       "rounds": gap, "verdict": gap["verdict"]}
+    else:
+        row["twin"] = {"skipped": twin_row.get("skipped") or "no twin"}
+    return row
+
+
+def _host_stayed_busy(result, settle_timeout, busy_limit):
+    """True when the benchmark waited its whole SETTLE_TIMEOUT and other processes still kept BUSY_LIMIT CPUs busy."""
+    load = result.get("host_load") or {}
+    return (load.get("settle_wait_s") or 0) >= 0.9 * settle_timeout and (load.get("other_cpus_before") or 0) >= busy_limit
+
+
+def record(state, measurement):
+    """Record the measurement of the row next_row() returned last. MEASUREMENT holds "failure" (the message of a row
+    whose deploy or measurement failed) or the figures of measured_row(), and "deployed": whether the deploy
+    finished (rows that follow may then change the unit alone). A row another process disturbed is measured once
+    more, unless the host stayed busy (then its rows say so instead)."""
+    if not state["queue"]:
+        raise SweepError("autotune: a row was recorded that was not planned")
+    planned = state["queue"][0]
+    setting, stage, config = planned["setting"], planned["stage"], state["config"]
+    row = row_of(setting, stage)
+    key = f"{setting['engine']} {row['gguf_type'] or ''}"
+    state["deployed"] = key if measurement.get("deployed") else ""
+    if measurement.get("failure"):
+        state["queue"].pop(0)
+        state["retry"] = False
+        state["rows"].append(dict(row, status="failed: " + str(measurement["failure"])[:200]))
+        return state["rows"][-1]
+    result = measurement["result"]
+    state["busy"] = _host_stayed_busy(result, planned.get("settle_timeout", config["settle_timeout"]),
+                                      config["busy_limit"])
+    if result.get("noisy") and not state["retry"] and not state["busy"]:
+        state["retry"] = True
+        return None
+    state["queue"].pop(0)
+    state["rows"].append(dict(measured_row(row, measurement, config), attempts=2 if state["retry"] else 1))
+    state["retry"] = False
+    return state["rows"][-1]
+
+
+def choose(rows, kept, config):
+    """(chosen row, reason): the lowest score among the measured candidates within the memory budget and the latency
+    bounds. Rows disturbed by other processes (noisy) are shown and left out, unless every row was: then the choice is
+    among them, and the reason says so. A row of a later stage replaces KEPT (the setting kept so far) only when it
+    scores lower by more than min_gain_percent: rows are measured minutes apart and the host drifts."""
+    measured = [row for row in rows if row.get("tuned") and row["status"] == "measured"]
+    quiet = [row for row in measured if not row.get("noisy")]
+    pool = quiet or measured
+    budget = config["memory_budget_mb"]
+    over = [row for row in pool if budget > 0 and row["rss_mb"] > budget]
+    slow = []
+    for figure, bound in (("ttft_ms_p95", config["max_ttft_p95_ms"]), ("tpot_ms_p95", config["max_tpot_p95_ms"])):
+        # A row without the figure cannot show it is within.
+        slow += [row for row in pool if bound > 0 and (row.get(figure) is None or row[figure] > bound)
+                 and row not in slow]
+    eligible = [row for row in pool if row not in over + slow]
+    if not eligible:
+        return None, "no candidate measured within the limits"
+    best = min(eligible, key=lambda row: row["score_ms"])
+    # Compared by value: the state (and the row kept) passes through Ansible as JSON between calls.
+    keep = (kept is not None and kept in eligible and best != kept
+            and best["score_ms"] > kept["score_ms"] * (1 - config["min_gain_percent"] / 100))
+    reason = f"lowest workload score of {len(eligible)} measured candidates"
+    if over:
+        reason += f", {len(over)} over the memory budget"
+    if slow:
+        reason += f", {len(slow)} over the latency bounds"
+    if keep:
+        reason += f", kept over {best['score_ms']} ms, within autotune_min_gain_percent ({config['min_gain_percent']} %) of it"
+    if not quiet:
+        reason += ", all measured under load (other processes kept CPUs busy during every row)"
+    return (kept if keep else best), reason
+
+
+def unmeasured_engines(rows, engines):
+    """[{engine, why}] for each allowed engine with no measured tuned row, and why (its rows' statuses)."""
+    out = []
+    for engine in engines:
+        own = [row for row in rows if row["engine"] == engine and row.get("tuned")]
+        if not any(row["status"] == "measured" for row in own):
+            why = sorted({row["status"] for row in own}) or ["no row planned"]
+            out.append({"engine": engine, "why": "; ".join(why)})
+    return out
+
+
+def result_of(state, now, finished, inputs):
+    """The stored result of a finished sweep (autotune.json)."""
+    config = state["config"]
+    reference = next((row for row in state["rows"] if not row.get("tuned")), None)
+    return {
+        "version": RESULT_VERSION,
+        "chosen": state["chosen"], "reason": state["reason"], "reference": reference,
+        "rows": state["rows"], "steps": state["steps"], "notes": state["notes"],
+        "unmeasured_engines": unmeasured_engines(state["rows"], config["engines"]),
+        "measured_under_load": sum(1 for row in state["rows"] if row.get("noisy")),
+        "inputs": inputs,
+        "workload": {key: config[key] for key in ("prompt_tokens", "output_tokens", "concurrency", "max_ttft_p95_ms",
+                                                  "max_tpot_p95_ms")},
+        "limits": {"engines": config["engines"], "quantized_allowed": config["allow_quantized"],
+                   "memory_budget_mb": config["memory_budget_mb"]},
+        "score": ("TTFT p50 + (output_tokens - 1) x TPOT p50, ms" if config["concurrency"] < 2
+                  else "1000 / aggregate output tokens/s at the concurrency, ms per output token") + "; lower is better",
+        "time_budget_s": config["budget_s"], "direct_max_gap_percent": config["twin_max_gap_percent"],
+        "elapsed_s": round(now - state["started"], 1), "finished": finished,
+    }
+
+
+def changed_inputs(current, stored):
+    """The groups of CURRENT (inputs of this run) that differ from STORED (a stored result's); all of them for a
+    result stored before the inputs were recorded."""
+    old = (stored or {}).get("inputs") or {}
+    return [key for key in current
+            if json.dumps(current[key], sort_keys=True) != json.dumps(old.get(key), sort_keys=True)]
+
+
+# --- the report ---------------------------------------------------------------------------------------------------
+
+def _cell(value):
+    return "-" if value is None or value == "" else str(value)
+
+
+def _batching(row):
+    if row.get("parallel"):
+        return f"{row['parallel']} slots"
+    return "continuous" if row.get("continuous_batching") else "-"
+
+
+def _layout(row):
+    if row.get("engine_cpus"):
+        return "one engine per NUMA node, CPUs " + " / ".join(row["engine_cpus"])
+    return "one engine per NUMA node" if row.get("layout") == "per_node" else "one engine"
+
+
+def _where(row):
+    if row.get("layout") == "per_node":
+        return _layout(row)
+    return f"{row.get('threads')} threads on CPUs {row.get('cpus')}"
+
+
+def _twin_gap(row, limit):
+    twin = row.get("twin") or {}
+    if "gap_percent" in twin:
+        gap, rounds = twin["gap_percent"], twin["rounds"]
+        text = f"{gap['decode_tokens_per_s']} / {gap['e2e_ms']}"
+        if twin["verdict"] == "over":
+            text = f"**{text} (over {limit} % in every round: the unit costs speed)**"
+        elif twin["verdict"] == "unresolved":
+            spread = rounds["decode_tokens_per_s"]
+            text += f" (not resolved: rounds {spread['min']} to {spread['max']})"
+        if rounds["rounds"] > rounds.get("planned_rounds", rounds["rounds"]):
+            text += f" ({rounds['rounds']} rounds)"
+        return text
+    return "no twin" if "skipped" in twin else "-"
+
+
+def _same_setting(row, other, keys):
+    blank = {"parallel": None, "continuous_batching": None, "layout": "single"}
+    return all(dict(blank, **row).get(key) == dict(blank, **other).get(key) for key in keys)
+
+
+def report_markdown(result, host, cpu_model, baseline):
+    """The sweep table of RESULT as Markdown, with the choice, its gain over the engine defaults and over BASELINE
+    (the untuned service's summary, with its prompt_tokens_mean), and where the gain came from."""
+    chosen, ref, work = result.get("chosen"), result.get("reference") or {}, result["workload"]
+    limits, limit = result.get("limits") or {}, result.get("direct_max_gap_percent")
+    keys = [key for key in SETTING_KEYS if key != "tuned"]
+    lines = [f"# Auto-tune of {host}", ""]
+    bounds = "".join([f", TTFT p95 at most {work['max_ttft_p95_ms']} ms" if work.get("max_ttft_p95_ms") else "",
+                      f", TPOT p95 at most {work['max_tpot_p95_ms']} ms" if work.get("max_tpot_p95_ms") else ""])
+    lines.append(f"CPU: {cpu_model or '-'}; workload: {work['prompt_tokens']}-token synthetic prompt, "
+                 f"{work['output_tokens']} output tokens (EOS ignored), {work.get('concurrency', 1)} request(s) in "
+                 f"flight{bounds}.")
+    budget_mb = limits.get("memory_budget_mb") or 0
+    lines.append(f"Allowed: engines {', '.join(limits.get('engines') or ['transformers'])}; quantized formats "
+                 f"{'yes' if limits.get('quantized_allowed') else 'no'}; memory budget "
+                 f"{str(budget_mb) + ' MiB' if budget_mb else 'none'}.")
+    lines.append(f"Score: {result['score']}. Time budget {result['time_budget_s']} s, sweep took {result['elapsed_s']} s "
+                 f"(finished {result['finished']}).")
+    lines += ["", "| setting | stage | engine | format | threads | CPUs | allocator | batching | layout | status | "
+              "deploy s | TTFT p50 ms | TTFT p95 ms | TPOT p50 ms | TPOT p95 ms | decode tok/s | output tok/s | "
+              "score ms | peak RSS MiB | roofline tok/s | roofline % | other CPUs busy | load before | "
+              "twin decode tok/s | slower than twin %, decode / e2e |",
+              "|" + "---|" * 25]
+    for row in result["rows"]:
+        if not row.get("tuned"):
+            kind = "engine defaults"
+        elif chosen and _same_setting(row, chosen, keys):
+            kind = "**chosen**"
+        else:
+            kind = "candidate"
+        deploy = "-" if row.get("deploy_s") is None else \
+            f"{row['deploy_s']}{' (unit)' if row.get('deploy') == 'unit' else ''}"
+        busy = _cell(row.get("other_cpus")) + (" (under load)" if row.get("noisy") else "")
+        cells = [kind, row.get("stage"), row["engine"], row["format"], _cell(row.get("threads")),
+                 row.get("cpus") or "all", row.get("allocator"), _batching(row), _layout(row), row["status"], deploy,
+                 _cell(row.get("ttft_ms_p50")), _cell(row.get("ttft_ms_p95")), _cell(row.get("tpot_ms_p50")),
+                 _cell(row.get("tpot_ms_p95")), _cell(row.get("decode_tokens_per_s")),
+                 _cell(row.get("output_tokens_per_s")), _cell(row.get("score_ms")), _cell(row.get("rss_mb")),
+                 _cell(row.get("roofline_tokens_per_s")), _cell(row.get("roofline_percent")), busy,
+                 _cell(row.get("loadavg_before")), _cell((row.get("twin") or {}).get("decode_tokens_per_s")),
+                 _twin_gap(row, limit)]
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    lines.append("")
+    measured = [row for row in result["rows"] if row["status"] == "measured"]
+    twinned = [row for row in measured if "gap_percent" in (row.get("twin") or {})]
+    if twinned:
+        gaps = [row["twin"]["gap_percent"]["decode_tokens_per_s"] for row in twinned]
+        rounds = [row["twin"]["rounds"]["rounds"] for row in twinned]
+        over = [row for row in twinned if row["twin"]["verdict"] == "over"]
+        unresolved = [row for row in twinned if row["twin"]["verdict"] == "unresolved"]
+        text = (f"Direct-run twins: {len(twinned)} of {len(measured)} measured rows ran the same engine and settings "
+                "directly, outside systemd, beside the service, each prompt sent to both in turn "
+                f"({min(rounds)} to {max(rounds)} paired rounds a row: rounds are added while a row's gap is beyond "
+                f"the limit, up to {(result.get('inputs') or {}).get('twin', {}).get('max_rounds', '-')}, and within "
+                f"the row's share of the time budget); the service was slower by {min(gaps)} to {max(gaps)} % in "
+                "decode (medians of paired rounds; negative: faster)")
+        if not over + unresolved:
+            text += f", within {limit} % on every row"
+        if over:
+            text += f"; over {limit} % in every round on {len(over)} row(s), marked in bold"
+        if unresolved:
+            text += (f"; beyond {limit} % on {len(unresolved)} row(s) whose rounds disagree (not resolved at "
+                     f"{unresolved[0]['twin']['rounds']['rounds']} rounds: the noise is wider than the gap)")
+        lines.append(text + ".")
+    for row in result["rows"]:
+        if "skipped" in (row.get("twin") or {}):
+            lines.append(f"No twin for {row['engine']} {row['format']} ({_cell(row.get('threads'))} threads, allocator "
+                         f"{row.get('allocator')}): {row['twin']['skipped']}.")
+    for per_node in [row for row in measured if row.get("layout") == "per_node"]:
+        same = [key for key in keys if key != "layout"]
+        single = [row for row in measured if row.get("tuned") and row.get("layout", "single") == "single"
+                  and _same_setting(row, per_node, same)]
+        if single and "score_ms" in (single[-1].get("twin") or {}) and "score_ms" in (per_node.get("twin") or {}):
+            one = single[-1]
+            agree = (one["score_ms"] <= per_node["score_ms"]) == (one["twin"]["score_ms"] <= per_node["twin"]["score_ms"])
+            lines.append(f"Layout checked by the direct-run twins: one engine scored {one['score_ms']} ms (its twin "
+                         f"{one['twin']['score_ms']} ms), one engine per NUMA node {per_node['score_ms']} ms (their twins "
+                         f"{per_node['twin']['score_ms']} ms): the twins rank the layouts "
+                         f"{'as the services did' if agree else 'the other way round: the choice is within the noise'}.")
+    under_load = [row for row in measured if row.get("noisy")]
+    if under_load:
+        lines.append(f"Measured under load (other processes kept more than the busy limit of CPUs busy): "
+                     f"{len(under_load)} of {len(measured)} measured rows, marked in the table"
+                     + ("; chosen among them, as every row was." if len(under_load) == len(measured) else
+                        "; they are shown and not chosen."))
+    for gone in result.get("unmeasured_engines") or []:
+        lines.append(f"Never measured: {gone['engine']} ({gone['why']}).")
+    for note in result.get("notes") or []:
+        lines.append(f"Note: {note}.")
+    lines.append("")
+    if not chosen:
+        lines.append("No candidate was measured within the limits.")
+        return "\n".join(lines) + "\n"
+    lines.append(f"Chosen ({result['reason']}): {chosen['engine']} {chosen['format']}, {_where(chosen)}, allocator "
+                 f"{chosen['allocator']}, batching {_batching(chosen)}: score {chosen['score_ms']} ms, "
+                 f"{_cell(chosen.get('output_tokens_per_s'))} output tokens/s in all, TTFT p50 {chosen['ttft_ms_p50']} ms, "
+                 f"decode {chosen['decode_tokens_per_s']} tokens/s = {_cell(chosen.get('roofline_percent'))} % of the "
+                 f"roofline ({_cell(chosen.get('roofline_tokens_per_s'))} tokens/s at {_cell(chosen.get('bandwidth_gb_s'))} "
+                 f"GB/s), peak RSS {chosen['rss_mb']} MiB.")
+    if ref.get("score_ms") is not None:
+        lines.append(f"Gain over the engine defaults (same workload, same OS): score {ref['score_ms']} → "
+                     f"{chosen['score_ms']} ms (x{round(ref['score_ms'] / chosen['score_ms'], 2)}), TTFT p50 "
+                     f"{ref['ttft_ms_p50']} → {chosen['ttft_ms_p50']} ms, decode {ref['decode_tokens_per_s']} → "
+                     f"{chosen['decode_tokens_per_s']} tokens/s (x{round(chosen['decode_tokens_per_s'] / ref['decode_tokens_per_s'], 2)}).")
+    base = (baseline or {}).get("decode_tokens_per_s")
+    if base:
+        lines.append(f"Against the untuned baseline of site.yml (built-in prompts, so only decode speed compares): decode "
+                     f"{base} → {chosen['decode_tokens_per_s']} tokens/s (x{round(chosen['decode_tokens_per_s'] / base, 2)}).")
+    if result.get("steps") and ref.get("score_ms") is not None:
+        lines += ["", "Where the gain came from: the setting kept after each stage (each keeps the best of its rows), "
+                  "its score and its share.", "", "| stage | kept after it | score ms | x vs the stage before | decode tok/s |",
+                  "|---|---|---|---|---|"]
+        if base:
+            lines.append(f"| OS settings (decode only: the untuned baseline ran built-in prompts of "
+                         f"{_cell(baseline.get('prompt_tokens_mean')) if baseline.get('prompt_tokens_mean') else '?'} tokens "
+                         f"on the untuned OS, these rows {ref.get('prompt_tokens_mean') or '?'}; decode slows with the "
+                         f"context) | engine defaults | - | x{round(ref['decode_tokens_per_s'] / base, 2)} (decode) | "
+                         f"{base} → {ref['decode_tokens_per_s']} |")
+        lines.append(f"| engine defaults on the tuned OS | {ref['engine']} {ref['format']} | {ref['score_ms']} | - | "
+                     f"{ref['decode_tokens_per_s']} |")
+        before = ref["score_ms"]
+        for step in result["steps"]:
+            lines.append(f"| {LABELS.get(step['stage'], step['stage'])} | {step['engine']} {step['format']}, "
+                         f"{_where(step)}, allocator {step['allocator']}, batching {_batching(step)} | "
+                         f"{step['score_ms']} | x{round(before / step['score_ms'], 2)} | {step['decode_tokens_per_s']} |")
+            before = step["score_ms"]
+    return "\n".join(lines) + "\n"
