@@ -13,7 +13,7 @@ fi
 echo "== building $LLMTUNE_IMAGE with debootstrap (about 2 minutes)"
 rootfs=$(mktemp -d "$LLMTUNE_CACHE/rootfs.XXXXXX")
 trap 'rm -rf "$rootfs"' EXIT
-# curl: operators call the service from the node (README, "Calling the service").
+# curl: operators call the service from the node (docs/serving.md, "Calling the service").
 # grub2-common ships /etc/default/grub and update-grub, so the grub role edits a real file.
 debootstrap --variant=minbase \
   --include=systemd,systemd-sysv,dbus,python3,python3-venv,python3-apt,ca-certificates,procps,kmod,grub2-common,iproute2,curl \

@@ -6,7 +6,7 @@ LLMTUNE_IMAGE=${LLMTUNE_IMAGE:-localhost/llmtune-node:bookworm}
 LLMTUNE_MIRROR=${LLMTUNE_MIRROR:-http://deb.debian.org/debian}
 mkdir -p "$LLMTUNE_CACHE"
 
-# podman on a host without systemd and with hybrid cgroups (see README "Local node"): runc, cgroupfs,
+# podman on a host without systemd and with hybrid cgroups (see docs/local-node.md): runc, cgroupfs,
 # file events, and ulimits no higher than this shell's hard limits (podman asks for more otherwise).
 nofile=$(ulimit -Hn)
 nproc=$(ulimit -Hu)

@@ -1,5 +1,6 @@
-"""site.yml's stages run alone with tags (README: `--tags serve`, `--tags validate`): what a stage takes from an
-earlier role must run under its tag too. Read from ansible-playbook --list-tasks, as ansible-core selects them."""
+"""site.yml's stages run alone with tags (docs/how-it-works.md: `--tags serve`, `--tags validate`): what a stage takes
+from an earlier role must run under its tag too. Read from ansible-playbook --list-tasks, as ansible-core selects
+them."""
 
 import os
 import subprocess
