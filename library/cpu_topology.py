@@ -15,10 +15,14 @@ description:
   - Physical cores are grouped by the kernel's SMT sibling lists (C(core_cpus_list), falling back to
     C(thread_siblings_list)), never by C(core id) from C(/proc/cpuinfo), because core ids repeat in each socket
     and Arm kernels print no core id at all. Source Documentation/admin-guide/cputopology.rst.
-  - Usable CPUs are online CPUs intersected with the scheduler affinity of the module process
-    (sched_getaffinity(2); C(Cpus_allowed_list) of C(proc/self/status) under another sysroot)
-    and with the cgroup cpuset. The cgroup CPU quota (v2 C(cpu.max), v1 C(cpu.cfs_quota_us) /
-    C(cpu.cfs_period_us)) caps the recommended thread count; os.cpu_count() sees neither.
+  - Limits are those of the cgroup the service will run in, its slice (O(slice)) and that slice's parents,
+    not those of the module process. Ansible's login runs it in C(user.slice/user-UID.slice/session-N.scope)
+    (become keeps it there), whose quota and cpuset systemd's services do not share.
+  - Usable CPUs are online CPUs intersected with the affinity services inherit from PID 1
+    (C(Cpus_allowed_list) of C(proc/1/status)) and with the cpuset of the service's cgroup. Its CPU quota
+    (v2 C(cpu.max), v1 C(cpu.cfs_quota_us) / C(cpu.cfs_period_us)) caps the recommended thread count;
+    os.cpu_count() sees neither. Its memory nodes (C(cpuset.mems.effective)) are the only nodes memory is
+    bound to.
   - psutil is not used, because its physical-core count is the known trap this module avoids and the
     managed host may not have it. Only the Python standard library runs on the host.
   - The module changes nothing on the host.
@@ -47,6 +51,14 @@ options:
       - When no usable CPU is isolated or nohz_full, the default choice is made and the reason says so.
     type: bool
     default: false
+  slice:
+    description:
+      - systemd slice the inference service runs in (its unit's C(Slice=); systemd.slice(5)). Its cgroup and the
+        parents' (C(system.slice) is C(/system.slice), C(a-b.slice) is C(/a.slice/a-b.slice)) under the root
+        cgroup systemd manages (the parent of PID 1's C(init.scope)) give the quota, cpuset and memory nodes.
+        A slice not made yet counts as its nearest existing parent.
+    type: str
+    default: system.slice
 notes:
   - Supports check mode; it never changes anything (C(changed=false)).
   - Missing optional kernel interfaces (cpufreq, cpuidle, NUMA, THP, cgroup files) give
@@ -84,6 +96,10 @@ EXAMPLES = r"""
 - name: Run the inference service on the CPUs booted with isolcpus= / nohz_full=
   cpu_topology:
     use_isolated: true
+
+- name: Size for a service whose unit sets Slice=inference.slice
+  cpu_topology:
+    slice: inference.slice
 
 - name: Show the recommendation
   ansible.builtin.debug:
@@ -343,18 +359,29 @@ ansible_facts:
                 and C(.dockerenv).
               type: str
         cgroup:
-          description: Control group limits of the module process (C(proc/self/cgroup)), the most restrictive
-            of its cgroup and every ancestor visible under C(sys/fs/cgroup).
+          description: Control group limits of the service's slice (O(slice)), the most restrictive of its cgroup
+            and every ancestor visible under C(sys/fs/cgroup).
           type: dict
           contains:
             version:
               description: 2 when C(sys/fs/cgroup/cgroup.controllers) exists, 1 when v1 controllers are mounted, else null.
               type: int
-            path:
-              description: Cgroup path of the CPU controller as printed in C(proc/self/cgroup).
+            slice:
+              description: O(slice).
               type: str
+              sample: system.slice
+            path:
+              description: Cgroup path of the slice (of the CPU controller's hierarchy with cgroup v1), under the root
+                systemd manages (from C(proc/1/cgroup); C(/) when that file is absent).
+              type: str
+              sample: /system.slice
             cpuset:
               description: C(cpuset.cpus.effective) (v2) or C(cpuset.effective_cpus) (v1), null when not readable.
+              type: list
+              elements: int
+            mems:
+              description: C(cpuset.mems.effective) (v2) or C(cpuset.effective_mems) (v1), the NUMA nodes the service
+                may allocate on; null when not readable.
               type: list
               elements: int
             cpu_quota:
@@ -366,8 +393,9 @@ ansible_facts:
               description: C(memory.max) (v2) or C(memory.limit_in_bytes) (v1) in MiB, null when unlimited.
               type: int
         affinity:
-          description: CPUs the module process may run on (sched_getaffinity(2) live, C(Cpus_allowed_list) of
-            C(proc/self/status) under a sysroot), null when unknown.
+          description: CPUs services inherit from PID 1 (C(Cpus_allowed_list) of C(proc/1/status)); where that is not
+            readable the module process's own (sched_getaffinity(2) live, C(proc/self/status) under a sysroot);
+            null when unknown.
           type: list
           elements: int
         usable_cpus:
@@ -747,38 +775,84 @@ def detect_container(sysroot):
     return "none"
 
 
-def cgroup_dirs(sysroot, mount, path):
-    """Return the cgroup directory of ``path`` under ``mount`` and its ancestors up to the mount, leaf first.
+def slice_path(name):
+    """Return the cgroup path of systemd slice ``name``: ``a-b.slice`` is ``/a.slice/a-b.slice`` (systemd.slice(5)).
 
-    Inside a cgroup namespace the printed path may not exist under the mount (the mount is the
-    namespace root); then only the mount itself is used.
+    ``-.slice`` is the root slice (``/``). Raises TopologyError for a name that is not a slice.
+    """
+    if name == "-.slice":
+        return "/"
+    stem = name[:-len(".slice")] if name.endswith(".slice") else ""
+    parts = stem.split("-")
+    if not stem or "" in parts or "/" in stem:
+        raise TopologyError("slice %r is not a systemd slice name such as system.slice or llm-inference.slice "
+                            "(systemd.slice(5))" % name)
+    return "".join("/%s.slice" % "-".join(parts[:n]) for n in range(1, len(parts) + 1))
+
+
+def read_proc_cgroup(sysroot, pid):
+    """Return ``{controller: path}`` of ``proc/PID/cgroup`` ("" for the v2 hierarchy; man 7 cgroups), {} if absent."""
+    paths = {}
+    for line in read_text(sysroot, "/proc/%s/cgroup" % pid, "").splitlines():
+        _hierarchy, controllers, path = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            paths[controller] = path
+    return paths
+
+
+def service_cgroup(pid1_path, slice_name):
+    """Return the cgroup path a service of ``slice_name`` gets in one hierarchy where PID 1 is at ``pid1_path``.
+
+    systemd puts itself in ``init.scope`` under the root cgroup it manages (the host's, or a container's); its
+    slices are beside it. A PID 1 that is not in ``init.scope`` (no systemd) is taken as that root.
+    """
+    root = (pid1_path or "/").rstrip("/") or "/"
+    if os.path.basename(root) == "init.scope":
+        root = os.path.dirname(root)
+    return os.path.join(root, slice_path(slice_name).lstrip("/")).rstrip("/") or "/"
+
+
+def cgroup_dirs(sysroot, mount, path):
+    """Return the directories of cgroup ``path`` and its ancestors that exist under ``mount``, leaf first.
+
+    A slice systemd has not made yet, or a path printed from another cgroup namespace, is left out: the
+    limits that apply are those of its nearest existing ancestor and above.
     """
     dirs = []
     current = "/" + (path or "").strip("/")
-    if not os.path.isdir(sysroot_path(sysroot, mount + current)):
-        current = "/"
     while True:
-        dirs.append(mount + ("" if current == "/" else current))
+        directory = mount + ("" if current == "/" else current)
+        if current == "/" or os.path.isdir(sysroot_path(sysroot, directory)):
+            dirs.append(directory)
         if current == "/":
             return dirs
         current = os.path.dirname(current)
 
 
-def read_cgroup(sysroot):
-    """Return cgroup version, cpuset, CPU quota (CPUs) and memory limit (MiB) of the process.
+def first_list(sysroot, files):
+    """Return the first non-empty cpulist/nodelist among ``files``, or None.
 
-    Sources: Documentation/admin-guide/cgroup-v2.rst (``cpu.max``, ``memory.max``, ``cpuset.cpus.effective``),
-    cgroup-v1/cpusets.rst and scheduler/sched-bwc.rst (``cpu.cfs_quota_us``, ``cpu.cfs_period_us``), man 7 cgroups.
+    A cgroup's effective cpuset already reflects its ancestors, so the nearest readable file is the answer.
     """
-    paths = {}
-    for line in read_text(sysroot, "/proc/self/cgroup", "").splitlines():
-        _hierarchy, controllers, path = line.split(":", 2)
-        for controller in controllers.split(",") if controllers else [""]:
-            paths[controller] = path
-    result = {"version": None, "path": None, "cpuset": None, "cpu_quota": None, "memory_limit_mb": None}
+    return next((values for values in (read_cpulist(sysroot, f) for f in files) if values), None)
+
+
+def read_cgroup(sysroot, slice_name="system.slice"):
+    """Return cgroup version, cpuset, memory nodes, CPU quota (CPUs) and memory limit (MiB) of the service's cgroup.
+
+    The service runs in ``slice_name`` under systemd's root cgroup (see :func:`service_cgroup`), not in the
+    cgroup of whoever runs this module (an Ansible login's ``user.slice`` session, with its own quota and
+    cpuset). Limits are the most restrictive of that cgroup and every ancestor. Sources:
+    Documentation/admin-guide/cgroup-v2.rst (``cpu.max``, ``memory.max``, ``cpuset.cpus.effective``,
+    ``cpuset.mems.effective``), cgroup-v1/cpusets.rst and scheduler/sched-bwc.rst (``cpu.cfs_quota_us``,
+    ``cpu.cfs_period_us``), man 7 cgroups.
+    """
+    pid1 = read_proc_cgroup(sysroot, 1)
+    result = {"version": None, "slice": slice_name, "path": None, "cpuset": None, "mems": None, "cpu_quota": None,
+              "memory_limit_mb": None}
     quotas, limits = [], []
     if os.path.exists(sysroot_path(sysroot, CGROUP_DIR + "/cgroup.controllers")):
-        result.update(version=2, path=paths.get("", "/"))
+        result.update(version=2, path=service_cgroup(pid1.get(""), slice_name))
         dirs = cgroup_dirs(sysroot, CGROUP_DIR, result["path"])
         for directory in dirs:
             fields = read_text(sysroot, directory + "/cpu.max", "max").split()
@@ -788,38 +862,52 @@ def read_cgroup(sysroot):
             if memory != "max":
                 limits.append(int(memory))
         cpuset_files = [d + "/cpuset.cpus.effective" for d in dirs]
+        mems_files = [d + "/cpuset.mems.effective" for d in dirs]
     else:
         mounts = {name: CGROUP_DIR + "/" + name for name in os.listdir(sysroot_path(sysroot, CGROUP_DIR))} \
             if os.path.isdir(sysroot_path(sysroot, CGROUP_DIR)) else {}
         cpu_mount = next((m for n, m in sorted(mounts.items()) if "cpu" in n.split(",")), None)
+
+        def dirs_of(controller, mount):
+            return cgroup_dirs(sysroot, mount, service_cgroup(pid1.get(controller), slice_name)) if mount else []
+
         if cpu_mount or "cpuset" in mounts or "memory" in mounts:
-            result.update(version=1, path=paths.get("cpu"))
-        for directory in cgroup_dirs(sysroot, cpu_mount, paths.get("cpu")) if cpu_mount else []:
+            result.update(version=1, path=service_cgroup(pid1.get("cpu"), slice_name))
+        for directory in dirs_of("cpu", cpu_mount):
             quota = read_int(sysroot, directory + "/cpu.cfs_quota_us")
             period = read_int(sysroot, directory + "/cpu.cfs_period_us")
             if quota is not None and quota > 0 and period:
                 quotas.append(quota / period)
-        for directory in cgroup_dirs(sysroot, mounts["memory"], paths.get("memory")) if "memory" in mounts else []:
+        for directory in dirs_of("memory", mounts.get("memory")):
             limit = read_int(sysroot, directory + "/memory.limit_in_bytes")
             if limit is not None and limit < V1_UNLIMITED_BYTES:
                 limits.append(limit)
-        cpuset_files = [d + "/cpuset.effective_cpus"
-                        for d in cgroup_dirs(sysroot, mounts["cpuset"], paths.get("cpuset"))] \
-            if "cpuset" in mounts else []
-    # The leaf's effective cpuset already reflects its ancestors; the first readable file is the answer.
-    result["cpuset"] = next((cpus for cpus in (read_cpulist(sysroot, f) for f in cpuset_files) if cpus), None)
+        cpuset_dirs = dirs_of("cpuset", mounts.get("cpuset"))
+        cpuset_files = [d + "/cpuset.effective_cpus" for d in cpuset_dirs]
+        mems_files = [d + "/cpuset.effective_mems" for d in cpuset_dirs]
+    result["cpuset"] = first_list(sysroot, cpuset_files)
+    result["mems"] = first_list(sysroot, mems_files)
     result["cpu_quota"] = min(quotas) if quotas else None
     result["memory_limit_mb"] = min(limits) // (1024 * 1024) if limits else None
     return result
 
 
 def read_affinity(sysroot, live):
-    """Return the CPUs this process may run on: ``sched_getaffinity(2)`` live, else ``Cpus_allowed_list``."""
-    if live:
-        return sorted(os.sched_getaffinity(0))
-    blocks = parse_key_values(read_text(sysroot, "/proc/self/status", ""))
-    allowed = blocks[0].get("Cpus_allowed_list") if blocks else None
-    return None if allowed is None else parse_cpu_list(allowed)
+    """Return the CPUs a service may run on: the affinity of PID 1, which services inherit, or None when unknown.
+
+    systemd applies its ``CPUAffinity=`` (systemd-system.conf(5)) to itself and its services, and ``isolcpus=``
+    gives PID 1 the housekeeping CPUs. ``Cpus_allowed_list`` of ``proc/1/status`` (proc(5)) shows it; where that
+    file cannot be read, this process's own affinity stands in (sched_getaffinity(2) live, ``proc/self/status``
+    under a sysroot).
+    """
+    for pid in ("1", "self"):
+        blocks = parse_key_values(read_text(sysroot, "/proc/%s/status" % pid, ""))
+        allowed = blocks[0].get("Cpus_allowed_list") if blocks else None
+        if allowed is not None:
+            return parse_cpu_list(allowed)
+        if live:
+            return sorted(os.sched_getaffinity(0))
+    return None
 
 
 def probe_numa_policy(architecture):
@@ -955,10 +1043,11 @@ def recommend(cores, usable, allowed, quota, isolation, use_isolated):
             "bind_threads": bind_threads}
 
 
-def gather(sysroot="/", use_isolated=False):
-    """Return the ``cpu_topology`` facts of ``sysroot`` (str); ``use_isolated`` (bool) as the module option.
+def gather(sysroot="/", use_isolated=False, service_slice="system.slice"):
+    """Return the ``cpu_topology`` facts of ``sysroot`` (str); ``use_isolated`` (bool) and ``service_slice`` (str)
+    as the module options ``use_isolated`` and ``slice``.
 
-    Raises TopologyError for a non-sysfs tree.
+    Raises TopologyError for a non-sysfs tree or a bad slice name.
     """
     if not os.path.isdir(sysroot_path(sysroot, CPU_DIR)):
         raise TopologyError("sysroot %s has no sys/devices/system/cpu: not a Linux sysfs tree "
@@ -973,7 +1062,7 @@ def gather(sysroot="/", use_isolated=False):
     cpu_node = {cpu: node["id"] for node in numa_nodes for cpu in node["cpus"]}
     kinds = core_kinds(sysroot, online)
     cores = read_cores(sysroot, online, cpu_node, kinds)
-    cgroup = read_cgroup(sysroot)
+    cgroup = read_cgroup(sysroot, service_slice)
     affinity = read_affinity(sysroot, live)
     allowed = set(online) if cgroup["cpuset"] is None else set(online) & set(cgroup["cpuset"])
     usable = allowed if affinity is None else allowed & set(affinity)
@@ -1013,10 +1102,11 @@ def gather(sysroot="/", use_isolated=False):
 def main():
     """Run the module: gather facts, never change anything."""
     module = AnsibleModule(argument_spec={"sysroot": {"type": "path", "default": "/"},
-                                          "use_isolated": {"type": "bool", "default": False}},
+                                          "use_isolated": {"type": "bool", "default": False},
+                                          "slice": {"type": "str", "default": "system.slice"}},
                            supports_check_mode=True)
     try:
-        facts = gather(module.params["sysroot"], module.params["use_isolated"])
+        facts = gather(module.params["sysroot"], module.params["use_isolated"], module.params["slice"])
     except TopologyError as error:
         module.fail_json(msg=str(error))
     module.exit_json(changed=False, ansible_facts={"cpu_topology": facts})

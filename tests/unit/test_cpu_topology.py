@@ -51,8 +51,9 @@ def assert_agrees_with_lscpu(result, fields):
 
 
 def test_every_machine_has_a_tree():
-    assert ALL_TREES == ["arm-graviton3", "container-cgroup2", "epyc-1socket", "epyc-isolcpus", "intel-hybrid",
-                         "kvm-ci-vm", "kvm-socket-per-vcpu", "qemu-2node", "xeon-2socket"]
+    assert ALL_TREES == ["arm-graviton3", "container-cgroup2", "epyc-1socket", "epyc-isolcpus", "epyc-slice-cpuset",
+                         "epyc-user-quota", "intel-hybrid", "kvm-ci-vm", "kvm-socket-per-vcpu", "qemu-2node",
+                         "xeon-2socket"]
 
 
 @pytest.mark.parametrize("tree", ALL_TREES)
@@ -104,8 +105,10 @@ def test_xeon_two_sockets_with_repeating_core_ids():
                               "total_mb": 8191}
     assert result["memory_mb"] == 126976
     assert result["virtualization"] == {"hypervisor": "none", "container": "none"}
-    assert result["cgroup"] == {"version": 2, "path": "/user.slice/user-0.slice/session-3.scope",
-                                "cpuset": list(range(8)), "cpu_quota": None, "memory_limit_mb": None}
+    # Captured in a login session: the session scope's files are not the service's (no system.slice in the tree,
+    # so the root's limits apply, and the root has none).
+    assert result["cgroup"] == {"version": 2, "slice": "system.slice", "path": "/system.slice", "cpuset": None,
+                                "mems": None, "cpu_quota": None, "memory_limit_mb": None}
     assert result["usable_cpus"] == list(range(8))
     assert result["numa_policy_permitted"] is None
     assert result["recommended"] == {
@@ -249,7 +252,9 @@ def test_kvm_guest_with_one_socket_per_vcpu():
 def test_container_quota_and_cpuset_with_smt_siblings():
     result = facts("container-cgroup2")
     assert (result["physical_cores"], result["logical_cpus"]) == (4, 8)
-    assert result["cgroup"] == {"version": 2, "path": "/", "cpuset": [0, 1, 2, 4], "cpu_quota": 2.0, "memory_limit_mb": 8192}
+    # The container's own cgroup is the root of its namespace: no system.slice there, the root's limits apply.
+    assert result["cgroup"] == {"version": 2, "slice": "system.slice", "path": "/system.slice", "cpuset": [0, 1, 2, 4],
+                                "mems": None, "cpu_quota": 2.0, "memory_limit_mb": 8192}
     assert result["affinity"] == [0, 1, 2, 4]
     assert result["usable_cpus"] == [0, 1, 2, 4]
     assert result["virtualization"] == {"hypervisor": "none", "container": "podman"}
@@ -263,6 +268,83 @@ def test_container_quota_and_cpuset_with_smt_siblings():
         "on_isolated": False, "bind_threads": False}
 
 
+def test_a_per_user_quota_of_the_login_does_not_cap_the_service():
+    # Issue 39, input 4A: Ansible's login runs the module in user-1000.slice/session-3.scope, whose slice has a
+    # per-user quota of half a CPU (set from PAM); system.slice, where the service runs, has none.
+    result = facts("epyc-user-quota")
+    assert result["cgroup"] == {"version": 2, "slice": "system.slice", "path": "/system.slice", "cpuset": list(range(16)),
+                                "mems": [0], "cpu_quota": None, "memory_limit_mb": None}
+    assert result["usable_cpus"] == list(range(16))
+    assert result["recommended"] == {
+        "cpus": [0, 1, 2, 3, 4, 5, 6, 7], "threads": 8, "numa_node": 0,
+        "reason": "8 physical cores among 16 usable CPUs, one CPU per core (SMT siblings left out); memory bound to NUMA node 0",
+        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2, 3, 4, 5, 6, 7], "threads": 8}],
+        "on_isolated": False, "bind_threads": False}
+    # A service whose unit runs in that user's slice (Slice=user-1000.slice) would get the quota, from the parent.
+    capped = cpu_topology.gather(os.path.join(TREES, "epyc-user-quota"), service_slice="user-1000.slice")
+    assert (capped["cgroup"]["path"], capped["cgroup"]["cpu_quota"]) == ("/user.slice/user-1000.slice", 0.5)
+    assert capped["recommended"]["threads"] == 1
+    assert capped["recommended"]["reason"].endswith("threads capped at 1 by the cgroup CPU quota of 0.5 CPUs")
+
+
+def test_the_cpuset_of_the_service_slice_not_the_login():
+    # Issue 39, input 4B: the login is unrestricted, system.slice has AllowedCPUs=2-11; systemd intersects the
+    # unit's CPUAffinity with it, so CPUs 0-1 and 12-15 are not the service's. One CPU of each of the 8 cores is
+    # still usable: 2-7 and the siblings 8, 9 of cores 0 and 1.
+    result = facts("epyc-slice-cpuset")
+    assert (result["cgroup"]["cpuset"], result["cgroup"]["cpu_quota"]) == (list(range(2, 12)), None)
+    assert result["usable_cpus"] == list(range(2, 12))
+    assert result["recommended"] == {
+        "cpus": [2, 3, 4, 5, 6, 7, 8, 9], "threads": 8, "numa_node": 0,
+        "reason": "8 physical cores among 10 usable CPUs, one CPU per core (SMT siblings left out); memory bound to NUMA node 0",
+        "per_node": [{"numa_node": 0, "cpus": [2, 3, 4, 5, 6, 7, 8, 9], "threads": 8}],
+        "on_isolated": False, "bind_threads": False}
+
+
+def test_the_affinity_of_the_login_is_not_the_service_s(tmp_path):
+    # systemctl set-property user.slice AllowedCPUs=0-3 keeps logins (and the module) on CPUs 0-3; services get
+    # PID 1's affinity.
+    root = tree_with(tmp_path, "epyc-user-quota", {
+        "proc/self/status": "Name:\tpython3\nCpus_allowed:\t000f\nCpus_allowed_list:\t0-3\nMems_allowed_list:\t0\n"})
+    result = cpu_topology.gather(root)
+    assert (result["affinity"], result["recommended"]["cpus"]) == (list(range(16)), list(range(8)))
+
+
+def test_slice_names_map_to_nested_cgroups():
+    assert [cpu_topology.slice_path(n) for n in ("system.slice", "llm-inference.slice", "a-b-c.slice", "-.slice")] == [
+        "/system.slice", "/llm.slice/llm-inference.slice", "/a.slice/a-b.slice/a-b-c.slice", "/"]
+    for bad in ("system", "../etc.slice", "a--b.slice", "-a.slice", ".slice"):
+        with pytest.raises(cpu_topology.TopologyError, match="is not a systemd slice name"):
+            cpu_topology.slice_path(bad)
+    # systemd's root: the parent of PID 1's init.scope (a container without its own cgroup namespace, here).
+    assert cpu_topology.service_cgroup("/machine.slice/libpod-1f2e.scope/init.scope", "system.slice") == \
+        "/machine.slice/libpod-1f2e.scope/system.slice"
+    assert cpu_topology.service_cgroup("/", "system.slice") == "/system.slice"
+
+
+def test_cgroup_v1_quota_of_the_service_slice_and_its_parent(tmp_path):
+    # The CI machine's hybrid v1 hierarchy with systemd's slices in it: the login's user-1000.slice has a quota of
+    # half a CPU, system.slice none, and a unit slice under a parent with 3 CPUs gets the parent's.
+    tree = tmp_path / "kvm-ci-vm"
+    shutil.copytree(os.path.join(TREES, "kvm-ci-vm"), tree)
+    (tree / "proc" / "1").mkdir()
+    (tree / "proc" / "1" / "cgroup").write_text(
+        "9:name=systemd:/init.scope\n4:memory:/init.scope\n3:cpuset:/\n2:cpuacct:/init.scope\n1:cpu:/init.scope\n")
+    (tree / "proc" / "self" / "cgroup").write_text(
+        "9:name=systemd:/user.slice/user-1000.slice/session-3.scope\n4:memory:/user.slice/user-1000.slice/session-3.scope\n"
+        "3:cpuset:/\n2:cpuacct:/user.slice/user-1000.slice/session-3.scope\n1:cpu:/user.slice/user-1000.slice/session-3.scope\n")
+    cpu = tree / "sys" / "fs" / "cgroup" / "cpu"
+    for path, quota in (("user.slice", -1), ("user.slice/user-1000.slice", 50000), ("system.slice", -1),
+                        ("llm.slice", 300000), ("llm.slice/llm-inference.slice", -1)):
+        (cpu / path).mkdir(parents=True)
+        (cpu / path / "cpu.cfs_quota_us").write_text("%d\n" % quota)
+        (cpu / path / "cpu.cfs_period_us").write_text("100000\n")
+    result = cpu_topology.gather(str(tree))
+    assert (result["cgroup"]["version"], result["cgroup"]["cpu_quota"], result["recommended"]["threads"]) == (1, None, 2)
+    nested = cpu_topology.gather(str(tree), service_slice="llm-inference.slice")
+    assert (nested["cgroup"]["path"], nested["cgroup"]["cpu_quota"]) == ("/llm.slice/llm-inference.slice", 3.0)
+
+
 def test_ci_vm_without_cpufreq_and_cpuidle_driver_none():
     result = facts("kvm-ci-vm")
     assert (result["sockets"], result["physical_cores"], result["logical_cpus"], result["threads_per_core"]) == (1, 2, 2, 1)
@@ -270,8 +352,10 @@ def test_ci_vm_without_cpufreq_and_cpuidle_driver_none():
     assert result["cpufreq"]["present"] is False
     assert result["cpuidle"] == {"driver": "none", "governor": "menu", "states": [], "intel_idle_builtin": None}
     assert result["virtualization"] == {"hypervisor": "kvm", "container": "docker"}
-    # cgroup v1 (hybrid mount): the memory cgroup path exists under the mount, its limit is "unlimited".
-    assert result["cgroup"] == {"version": 1, "path": "/", "cpuset": [0, 1], "cpu_quota": None, "memory_limit_mb": None}
+    # cgroup v1 (hybrid mount): the module ran in memory:/sandbox/job, the service's system.slice is not in the tree
+    # (no systemd there): the roots' limits apply, unlimited.
+    assert result["cgroup"] == {"version": 1, "slice": "system.slice", "path": "/system.slice", "cpuset": [0, 1],
+                                "mems": None, "cpu_quota": None, "memory_limit_mb": None}
     assert result["recommended"]["cpus"] == [0, 1]
     assert result["recommended"]["threads"] == 2
 
@@ -331,7 +415,10 @@ def test_module_through_ansible_fails_cleanly(tmp_path):
 def test_live_system_agrees_with_lscpu():
     result = cpu_topology.gather("/")
     assert_agrees_with_lscpu(result, lscpu())
-    assert result["affinity"] == sorted(os.sched_getaffinity(0))
+    # The affinity services get: PID 1's.
+    with open("/proc/1/status", encoding="utf-8") as status:
+        allowed = next(line.split(":", 1)[1].strip() for line in status if line.startswith("Cpus_allowed_list:"))
+    assert result["affinity"] == cpu_topology.parse_cpu_list(allowed)
     assert set(result["usable_cpus"]) <= set(result["online_cpus"])
     assert isinstance(result["numa_policy_permitted"], bool)
     assert result["recommended"]["threads"] >= 1
