@@ -16,6 +16,9 @@ description:
     memory), on O(port) instead of the service's port (the value after C(--port) in the command). None of the
     unit's sandboxing applies, so the twin shows what the sandbox, the service manager and the unit's settings
     cost.
+  - Where systemd is the service manager, the twin runs in a transient scope of the unit's slice (C(Slice),
+    C(systemd-run --scope --slice=), systemd-run(1)), so that it has the same cgroup limits above the unit (a
+    slice's quota or cpuset) as the service, not those of the Ansible login's session the module runs in.
   - It waits until C(http://127.0.0.1:PORT) answers O(health_path) with HTTP 200, or fails with the last lines
     of the process's output. The process runs in its own session, so it outlives the module; its PID is kept
     in O(pid_file), and O(state=stopped) ends it (SIGTERM to its process group, SIGKILL after O(timeout_stop)).
@@ -117,6 +120,12 @@ user:
   description: User the twin runs as (root when the unit names none).
   returned: state=started
   type: str
+slice:
+  description: Slice whose transient scope the twin runs in; null when it runs in the module's own cgroup (no
+    systemd, or the unit names no slice).
+  returned: state=started
+  type: str
+  sample: system.slice
 cpus:
   description: CPUs the twin is pinned to (the unit's CPUAffinity; all CPUs when it has none).
   returned: state=started
@@ -154,11 +163,13 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmtune_sysfs import parse_cpu_list
+from ansible.module_utils.llmtune_systemd import find_systemd_run, scope_argv
 
 # Default folders of the twins' PID files and logs, a file per unit.
 PID_DIR = "/run/llmtune/engine-direct"
 LOG_DIR = "/var/lib/llmtune/engine-direct"
-SHOW_PROPERTIES = ("ExecStart", "Environment", "User", "Group", "CPUAffinity", "NUMAPolicy", "NUMAMask", "MainPID")
+SHOW_PROPERTIES = ("ExecStart", "Environment", "User", "Group", "CPUAffinity", "NUMAPolicy", "NUMAMask", "MainPID",
+                   "Slice")
 
 
 class DirectError(Exception):
@@ -313,8 +324,11 @@ def tail(path, lines=15):
         return ""
 
 
-def start(params, show):
-    """Start the twin and wait until it is ready; returns the result fields."""
+def start(params, show, systemd_run=None):
+    """Start the twin and wait until it is ready; returns the result fields.
+
+    With ``systemd_run`` (its path) the twin runs in a scope of the unit's slice, and systemd-run switches user.
+    """
     argv, env_add, user, group, cpus = twin_spec(show, params["port"])
     try:
         account = pwd.getpwnam(user)
@@ -323,10 +337,14 @@ def start(params, show):
         raise DirectError(f"unknown user or group of the unit: {error}") from error
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": account.pw_dir, "USER": user, "LANG": "C.UTF-8"}
     env.update(env_add)
+    in_slice = show.get("Slice") if systemd_run else None
+    run_argv = scope_argv(argv, in_slice, user, gid, systemd_run)
 
     def become():
         if cpus:
             os.sched_setaffinity(0, cpus)
+        if in_slice:
+            return
         os.setgid(gid)
         os.initgroups(user, gid)
         os.setuid(account.pw_uid)
@@ -335,10 +353,10 @@ def start(params, show):
         os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(params["log_path"], "w", encoding="utf-8") as log:
         try:
-            proc = subprocess.Popen(argv, env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=log,
+            proc = subprocess.Popen(run_argv, env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=log,
                                     stderr=subprocess.STDOUT, preexec_fn=become, start_new_session=True)
         except OSError as error:
-            raise DirectError(f"cannot start {argv[0]}: {error}") from error
+            raise DirectError(f"cannot start {run_argv[0]}: {error}") from error
     with open(params["pid_file"], "w", encoding="ascii") as handle:
         handle.write(f"{proc.pid}\n")
     started = time.monotonic()
@@ -350,6 +368,7 @@ def start(params, show):
             raise DirectError(f"the twin was not ready within {params['timeout']} s: {tail(params['log_path'])}")
         time.sleep(1)
     return {"pid": proc.pid, "url": f"http://127.0.0.1:{params['port']}", "argv": argv, "user": user,
+            "slice": in_slice or None,
             "cpus": sorted(cpus or os.sched_getaffinity(0)), "environment": sorted(env_add),
             "ready_s": round(time.monotonic() - started, 1)}
 
@@ -394,7 +413,7 @@ def main():
         short = memory_short(int(show.get("MainPID") or 0), params["memory_margin_mb"])
         if short:
             module.exit_json(changed=False, skipped=True, msg=short)
-        module.exit_json(changed=True, **start(params, show))
+        module.exit_json(changed=True, **start(params, show, find_systemd_run()))
     except (DirectError, OSError) as error:
         module.fail_json(msg=str(error))
 

@@ -20,6 +20,9 @@ description:
     settles returns its figure with RV(probe.stable) false and a warning. It uses torch when the environment
     has it (multi-threaded reduction), else numpy (the array split among O(threads) Python threads; numpy
     releases the GIL while it sums).
+  - Where systemd is the service manager the probe runs in a transient scope of the service's slice (O(slice),
+    C(systemd-run --scope)), under that slice's quota and cpuset rather than those of the Ansible login's session
+    the module runs in.
   - With O(bandwidth_gb_s) no probe runs; the given figure (one probe per host, taken while it was idle) bounds
     the model's decode, so every row of a comparison is measured against the same bandwidth.
   - With O(model_path), reads the model's weight sizes from the safetensors headers alone (8-byte
@@ -56,6 +59,12 @@ options:
     description:
       - Probe threads, as the service's C(OMP_NUM_THREADS). Default the number of O(cpus).
     type: int
+  slice:
+    description:
+      - systemd slice the inference service runs in; the probe runs in a transient scope of it. Empty runs the probe
+        in the module's own cgroup.
+    type: str
+    default: system.slice
   size_mb:
     description:
       - Probe array size in MiB. Keep it several times the last-level cache.
@@ -157,6 +166,9 @@ probe:
     threads:
       description: Probe threads.
       type: int
+    slice:
+      description: Slice whose transient scope the probe ran in; null when it ran in the module's own cgroup.
+      type: str
     bytes:
       description: Bytes read per pass.
       type: int
@@ -221,6 +233,7 @@ import subprocess
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmtune_sysfs import parse_cpu_list
+from ansible.module_utils.llmtune_systemd import find_systemd_run, scope_argv
 
 # Bytes per element of the safetensors dtype names (safetensors format specification).
 SAFETENSORS_DTYPE_BYTES = {
@@ -350,10 +363,11 @@ def model_bytes_per_token(model_path, dtype="auto", context_tokens=256):
     }
 
 
-def run_in(python, what, args, timeout, **kwargs):
-    """Last stdout line of PYTHON ARGS as JSON; RooflineError naming WHAT on failure."""
+def run_in(python, what, args, timeout, prefix=(), **kwargs):
+    """Last stdout line of PYTHON ARGS (after the launcher PREFIX) as JSON; RooflineError naming WHAT on failure."""
     try:
-        done = subprocess.run([python, *args], capture_output=True, text=True, timeout=timeout, check=False, **kwargs)
+        done = subprocess.run([*prefix, python, *args], capture_output=True, text=True, timeout=timeout, check=False,
+                              **kwargs)
     except (OSError, subprocess.SubprocessError) as error:
         raise RooflineError(f"cannot run {what} with {python}: {error}") from error
     if done.returncode != 0:
@@ -418,23 +432,27 @@ def gguf_bytes_per_token(python, path, context_tokens, timeout, cache_dir=None):
     }
 
 
-def probe_bandwidth(python, cpus, threads, size_mb, repeats, timeout, spread_percent=5.0, max_passes=40):
-    """Run PROBE with PYTHON pinned to CPUS; returns (GB/s, probe dict). RooflineError on failure."""
+def probe_bandwidth(python, cpus, threads, size_mb, repeats, timeout, spread_percent=5.0, max_passes=40,
+                    service_slice=None, systemd_run=None):
+    """Run PROBE with PYTHON pinned to CPUS, in a scope of SERVICE_SLICE when SYSTEMD_RUN (its path) is given;
+    returns (GB/s, probe dict). RooflineError on failure."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     args = [str(threads), str(size_mb * 2**20), str(repeats), str(max(max_passes, repeats)), str(spread_percent)]
-    out = run_in(python, "the probe", ["-c", PROBE] + args, timeout, env=env,
+    prefix = scope_argv([], service_slice, systemd_run=systemd_run)
+    out = run_in(python, "the probe", ["-c", PROBE] + args, timeout, prefix=prefix, env=env,
                  preexec_fn=lambda: os.sched_setaffinity(0, cpus))
     last = out["times"][-repeats:]
     median = statistics.median(last)
     spread = (max(last) - min(last)) / median * 100
     probe = {"engine": out["engine"], "cpus": sorted(cpus), "threads": threads, "bytes": out["bytes"],
+             "slice": service_slice if prefix else None,
              "best_s": round(min(out["times"]), 9), "median_s": round(median, 9), "passes": len(out["times"]),
              "spread_percent": round(spread, 2), "stable": len(last) == repeats and spread <= spread_percent}
     return round(out["bytes"] / median / 1e9, 3), probe
 
 
-def run(params):
-    """Measure; returns (result, failure message or None)."""
+def run(params, systemd_run=None):
+    """Measure; returns (result, failure message or None). SYSTEMD_RUN: see probe_bandwidth."""
     result = {"changed": False}
     try:
         cpus = parse_cpu_list(",".join(params["cpus"].split())) or sorted(os.sched_getaffinity(0))
@@ -462,7 +480,8 @@ def run(params):
             bandwidth = params["bandwidth_gb_s"]
         else:
             bandwidth, probe = probe_bandwidth(params["python"], cpus, threads, params["size_mb"], params["repeats"],
-                                               params["timeout"], params["spread_percent"], params["max_passes"])
+                                               params["timeout"], params["spread_percent"], params["max_passes"],
+                                               params["slice"], systemd_run)
             result["probe"] = probe
     except (RooflineError, OSError) as error:
         return result, str(error)
@@ -476,6 +495,7 @@ ARGUMENT_SPEC = {
     "python": {"type": "path", "default": "/opt/llmtune/venv/bin/python"},
     "cpus": {"type": "str", "default": ""},
     "threads": {"type": "int"},
+    "slice": {"type": "str", "default": "system.slice"},
     "size_mb": {"type": "int", "default": 256},
     "repeats": {"type": "int", "default": 5},
     "spread_percent": {"type": "float", "default": 5},
@@ -492,7 +512,7 @@ ARGUMENT_SPEC = {
 def main():
     """Run the module; it only reads, so it also measures in check mode."""
     module = AnsibleModule(argument_spec=ARGUMENT_SPEC, supports_check_mode=True)
-    result, failure = run(module.params)
+    result, failure = run(module.params, find_systemd_run())
     if result.get("probe") and not result["probe"]["stable"]:
         module.warn(f"the bandwidth probe did not settle: the last {module.params['repeats']} passes spread "
                     f"{result['probe']['spread_percent']} % (limit {module.params['spread_percent']} %); "

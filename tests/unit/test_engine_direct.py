@@ -125,6 +125,34 @@ def test_each_engine_has_a_twin_of_its_own(tmp_path, monkeypatch):
     assert ed.twin_files("x.service", "/p", "/l") == {"pid_file": "/p", "log_path": "/l"}
 
 
+def test_the_twin_runs_in_a_scope_of_the_units_slice(tmp_path):
+    """Issue 39, kind 4: the twin shares the service's slice limits, not the login's; systemd-run (a stand-in that
+    records its options and executes the command in place, as the real one does in --scope mode) switches user."""
+    log = tmp_path / "systemd-run.args"
+    fake = tmp_path / "systemd-run"
+    fake.write_text('#!/bin/sh\necho "$@" > %s\nwhile [ "$1" != -- ]; do shift; done\nshift\nexec "$@"\n' % log)
+    fake.chmod(0o755)
+    server = ("import sys, http.server as h; h.HTTPServer(('127.0.0.1', int(sys.argv[2])), "
+              "h.SimpleHTTPRequestHandler).serve_forever()")
+    unit = {"ExecStart": f"{{ path=/usr/bin/python3 ; argv[]=/usr/bin/python3 -c \"{server}\" --port 1 ; "
+                         "ignore_errors=no }", "User": "root", "CPUAffinity": "0", "Slice": "system.slice"}
+    params = {"port": free_port(), "health_path": "/", "timeout": 30, "timeout_stop": 5,
+              "pid_file": str(tmp_path / "twin.pid"), "log_path": str(tmp_path / "twin.log")}
+    result = ed.start(params, unit, systemd_run=str(fake))
+    try:
+        assert log.read_text().split(" -- ")[0] == "--scope --quiet --slice=system.slice --uid=root --gid=0"
+        assert result["slice"] == "system.slice" and result["argv"][0] == "/usr/bin/python3"
+        # The command replaced systemd-run: the PID file names the server itself, pinned as the unit says.
+        with open(f"/proc/{result['pid']}/cmdline", "rb") as handle:
+            assert handle.read().split(b"\0")[0] == b"/usr/bin/python3"
+        with open(f"/proc/{result['pid']}/status", encoding="ascii") as handle:
+            assert "Cpus_allowed_list:\t0\n" in handle.read()
+    finally:
+        assert ed.stop(params["pid_file"], 5) is True
+    # Without systemd the twin runs where the module runs, and says so.
+    assert ed.scope_argv(["e"], "system.slice", "llm", 7, None) == ["e"]
+
+
 def test_a_twin_that_exits_fails_with_its_output(tmp_path):
     unit = {"ExecStart": "{ path=/bin/sh ; argv[]=/bin/sh -c \"echo no model here; exit 3\" --port 1 ; ignore_errors=no }",
             "User": "root"}

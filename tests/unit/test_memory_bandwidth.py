@@ -86,6 +86,22 @@ def test_probe_stops_when_the_last_passes_agree():
     assert (result["probe"]["passes"], result["probe"]["stable"]) == (6, False)
 
 
+def test_the_probe_runs_in_a_scope_of_the_service_slice(tmp_path):
+    """Issue 39, kind 4: the probe gets the service's slice limits, not the login's. systemd-run is a stand-in that
+    records its options and executes the command in place, as the real one does with --scope."""
+    log = tmp_path / "systemd-run.args"
+    fake = tmp_path / "systemd-run"
+    fake.write_text('#!/bin/sh\necho "$@" > %s\nwhile [ "$1" != -- ]; do shift; done\nshift\nexec "$@"\n' % log)
+    fake.chmod(0o755)
+    result, failure = mb.run(params(slice="inference.slice", repeats=2, spread_percent=1e9), systemd_run=str(fake))
+    assert failure is None
+    assert log.read_text().split(" -- ")[0] == "--scope --quiet --slice=inference.slice"
+    assert (result["probe"]["slice"], result["probe"]["cpus"]) == ("inference.slice", [0])
+    # Without systemd (or with slice ""), the module's own cgroup.
+    result, failure = mb.run(params(repeats=2, spread_percent=1e9))
+    assert failure is None and result["probe"]["slice"] is None
+
+
 def test_a_given_bandwidth_skips_the_probe(tmp_path):
     path = write_model(tmp_path, {"lm_head.weight": torch.zeros(1000, 1000)}, **LAYER)
     result, failure = mb.run(params(model_path=path, context_tokens=0, bandwidth_gb_s=20.0, python="/nonexistent"))
