@@ -129,17 +129,18 @@ ansible_facts:
           sample: /
         architecture:
           description: Machine name from uname(2) on the live system; under another sysroot
-            inferred from C(proc/cpuinfo) (C(x86_64) when it has C(flags), C(aarch64) when it has C(CPU implementer)).
+            inferred from C(proc/cpuinfo) (C(x86_64) when it has C(flags), C(aarch64) when it has C(CPU implementer),
+            C(ppc64le) when its C(cpu) names a POWER processor).
           type: str
           sample: x86_64
         vendor:
           description: C(vendor_id) of C(proc/cpuinfo) on x86; on Arm the C(CPU implementer) code mapped to a name
-            as lscpu does (the hex code when unknown). Null when unknown.
+            as lscpu does (the hex code when unknown); C(IBM) on POWER. Null when unknown.
           type: str
           sample: GenuineIntel
         model_name:
           description: C(model name) of C(proc/cpuinfo) on x86; on Arm the C(CPU part) mapped to a core name
-            (the hex code when unknown).
+            (the hex code when unknown); on POWER its C(cpu) line.
           type: str
           sample: Intel(R) Xeon(R) Platinum 8480+
         sockets:
@@ -426,8 +427,15 @@ ansible_facts:
               type: int
               sample: 4
             numa_node:
-              description: NUMA node to bind memory to, null when the kernel exposes no NUMA nodes.
+              description: NUMA node of C(cpus), null when the kernel exposes no NUMA nodes.
               type: int
+            memory_nodes:
+              description: NUMA nodes to bind memory to. C(numa_node) when it has memory the service's cgroup allows
+                (C(cgroup.mems)); else the nearest such nodes by C(numa_node)'s distances (a POWER LPAR's CPU node may
+                have no memory). Empty without NUMA nodes.
+              type: list
+              elements: int
+              sample: [0]
             reason:
               description: One-line explanation, naming the isolated and nohz_full CPUs and what was done with them.
               type: str
@@ -440,7 +448,9 @@ ansible_facts:
                 multi-CPU affinity stay where they start; the engine must bind each thread to one CPU.
               type: bool
             per_node:
-              description: The same choice for each NUMA node that has usable CPUs.
+              description: The same choice for each NUMA node that has usable cores, one engine each; an engine on a
+                node without usable memory is paired with the nearest node that has it (C(memory_nodes)).
+                Memory-only nodes have no cores and no entry.
               type: list
               elements: dict
               contains:
@@ -454,6 +464,10 @@ ansible_facts:
                 threads:
                   description: Thread count for that node.
                   type: int
+                memory_nodes:
+                  description: NUMA nodes that engine binds its memory to, as C(memory_nodes) above.
+                  type: list
+                  elements: int
 """
 
 import ctypes
@@ -562,12 +576,16 @@ def read_cpuinfo(sysroot, live):
     """Return architecture, vendor, model name and ISA flags from ``proc/cpuinfo`` (man 5 proc)."""
     blocks = parse_key_values(read_text(sysroot, "/proc/cpuinfo", ""))
     first = next((b for b in blocks if "processor" in b and len(b) > 1), blocks[0] if blocks else {})
+    # IBM POWER prints the processor name under "cpu" (arch/powerpc/kernel/setup-common.c); lscpu reads it there.
+    power = first.get("cpu", "").startswith("POWER")
     if live:
         architecture = os.uname().machine
     elif "flags" in first:
         architecture = "x86_64"
     elif "CPU implementer" in first:
         architecture = "aarch64"
+    elif power:
+        architecture = "ppc64le"
     else:
         architecture = None
     if "CPU implementer" in first:
@@ -577,6 +595,8 @@ def read_cpuinfo(sysroot, live):
         model_name = ARM_PARTS.get((implementer, part), "0x%03x" % part)
         features = set(first.get("Features", "").split())
         isa = {flag: flag in features for flag in ARM_ISA}
+    elif power:
+        vendor, model_name, isa = "IBM", first["cpu"], {}
     else:
         vendor = first.get("vendor_id")
         model_name = first.get("model name")
@@ -996,13 +1016,45 @@ def service_candidates(cores, usable, allowed, isolation, use_isolated):
     return usable, True, "every usable CPU is set aside at boot (%s): used anyway" % described
 
 
-def recommend(cores, usable, allowed, quota, isolation, use_isolated):
-    """Choose CPUs, thread count and NUMA node for a compute-bound inference service.
+def memory_nodes(cpu_node, numa_nodes, mems):
+    """Return ``(nodes, note)``: the NUMA nodes an engine on ``cpu_node``'s cores binds its memory to, and why.
+
+    Only nodes that have memory (``memory_mb`` not 0; unknown counts as having it) and that the service's
+    cgroup allows (``mems``, None when unknown) qualify: set_mempolicy(2) refuses a node outside the cpuset's
+    mems with EINVAL, and a node without memory can satisfy no allocation (POWER LPARs, whose CPU nodes may
+    have no memory; CXL and HBM memory-only nodes). The CPU node itself when it qualifies, else the nearest by
+    its row of the SLIT distance table (``distances``, in the order of the online nodes), every node at that
+    distance. ``note`` (str) names a remote choice, None for a local one. ``nodes`` is [] without NUMA nodes.
+    """
+    if cpu_node is None or not numa_nodes:
+        return [], None
+    ids = [node["id"] for node in numa_nodes]
+    fit = [node["id"] for node in numa_nodes if node["memory_mb"] != 0 and (mems is None or node["id"] in mems)]
+    if cpu_node in fit:
+        return [cpu_node], None
+    own = numa_nodes[ids.index(cpu_node)]
+    why = "has no memory" if own["memory_mb"] == 0 else \
+        "is outside the service's memory nodes (cpuset.mems.effective %s)" % format_cpu_list(mems)
+    if not fit:
+        return [], "NUMA node %d %s and no node with memory is allowed: memory not bound" % (cpu_node, why)
+    row = own["distances"]
+    distance = {node: row[ids.index(node)] if ids.index(node) < len(row) else math.inf for node in fit}
+    nearest = min(distance.values())
+    nodes = sorted(node for node in fit if distance[node] == nearest)
+    return nodes, "NUMA node %d %s: memory bound to node%s %s, the nearest with memory%s" % (
+        cpu_node, why, "s" if len(nodes) > 1 else "", format_cpu_list(nodes),
+        "" if nearest == math.inf else " (distance %d)" % nearest)
+
+
+def recommend(cores, usable, allowed, quota, isolation, use_isolated, numa_nodes=(), mems=None):
+    """Choose CPUs, thread count and NUMA nodes (CPUs, memory) for a compute-bound inference service.
 
     One thread per physical core: SMT siblings share the core's vector units, so a second thread
     on a sibling adds contention, not throughput. Efficiency cores are left out when performance
     cores are usable, because the slowest thread sets the pace of each parallel matrix multiply.
     CPUs set aside at boot are handled by ``service_candidates`` (arguments as there; ``quota`` in CPUs or None).
+    Memory goes to the nodes :func:`memory_nodes` picks (``numa_nodes`` as read, ``mems`` the cgroup's nodes):
+    CPUs only ever come from nodes that have them (the cores), memory only from nodes that have it.
     """
     usable, on_isolated, isolation_note = service_candidates(cores, usable, allowed, isolation, use_isolated)
     picks = [(core, min(usable.intersection(core["cpus"]))) for core in cores if usable.intersection(core["cpus"])]
@@ -1013,11 +1065,15 @@ def recommend(cores, usable, allowed, quota, isolation, use_isolated):
     by_node = {}
     for core, cpu in picks:
         by_node.setdefault(core["numa_node"], []).append(cpu)
-    per_node = [{"numa_node": node, "cpus": sorted(cpus), "threads": cap_threads(len(cpus), quota)}
-                for node, cpus in sorted(by_node.items(), key=lambda item: (item[0] is None, item[0]))]
+    per_node, notes = [], {}
+    for node, cpus in sorted(by_node.items(), key=lambda item: (item[0] is None, item[0])):
+        memory, notes[node] = memory_nodes(node, list(numa_nodes), mems)
+        per_node.append({"numa_node": node, "cpus": sorted(cpus), "threads": cap_threads(len(cpus), quota),
+                         "memory_nodes": memory})
     if not per_node:
-        return {"cpus": [], "threads": 1, "numa_node": None, "per_node": [], "on_isolated": False,
-                "bind_threads": False, "reason": "no usable CPU found (online, affinity and cpuset do not intersect)"}
+        return {"cpus": [], "threads": 1, "numa_node": None, "memory_nodes": [], "per_node": [],
+                "on_isolated": False, "bind_threads": False,
+                "reason": "no usable CPU found (online, affinity and cpuset do not intersect)"}
     best = max(per_node, key=lambda entry: (len(entry["cpus"]), -(entry["numa_node"] or 0)))
     reasons = ["%s among %s, one CPU per core" % (plural(len(picks) + dropped, "physical core"),
                                                   plural(len(usable), "usable CPU"))]
@@ -1025,11 +1081,19 @@ def recommend(cores, usable, allowed, quota, isolation, use_isolated):
         reasons[0] += " (SMT siblings left out)"
     if dropped:
         reasons.append("%s left out" % plural(dropped, "efficiency core"))
+    local = best["memory_nodes"] == [best["numa_node"]]
     if len(per_node) > 1:
-        reasons.append("NUMA node %d chosen of %d nodes with usable cores (most cores, lowest id on a tie), "
-                       "memory bound there" % (best["numa_node"], len(per_node)))
-    elif best["numa_node"] is not None:
+        reasons.append("NUMA node %d chosen of %d nodes with usable cores (most cores, lowest id on a tie)%s"
+                       % (best["numa_node"], len(per_node), ", memory bound there" if local else ""))
+    elif local:
         reasons.append("memory bound to NUMA node %d" % best["numa_node"])
+    if notes.get(best["numa_node"]):
+        reasons.append(notes[best["numa_node"]])
+    paired = ["CPU node %d with memory node%s %s" % (e["numa_node"], "s" if len(e["memory_nodes"]) > 1 else "",
+                                                      format_cpu_list(e["memory_nodes"]))
+              for e in per_node if e["memory_nodes"] and e["memory_nodes"] != [e["numa_node"]]]
+    if len(per_node) > 1 and paired:
+        reasons.append("one engine per node pairs %s" % ", ".join(paired))
     if quota is not None and best["threads"] < len(best["cpus"]):
         reasons.append("threads capped at %d by the cgroup CPU quota of %g CPUs" % (best["threads"], quota))
     bind_threads = on_isolated and len(set(best["cpus"]).intersection(isolation["isolated"])) > 1
@@ -1039,8 +1103,8 @@ def recommend(cores, usable, allowed, quota, isolation, use_isolated):
         reasons.append("the scheduler does not balance threads between isolated CPUs: bind each engine thread "
                        "to one CPU")
     return {"cpus": best["cpus"], "threads": best["threads"], "numa_node": best["numa_node"],
-            "reason": "; ".join(reasons), "per_node": per_node, "on_isolated": on_isolated,
-            "bind_threads": bind_threads}
+            "memory_nodes": best["memory_nodes"], "reason": "; ".join(reasons), "per_node": per_node,
+            "on_isolated": on_isolated, "bind_threads": bind_threads}
 
 
 def gather(sysroot="/", use_isolated=False, service_slice="system.slice"):
@@ -1095,7 +1159,8 @@ def gather(sysroot="/", use_isolated=False, service_slice="system.slice"):
         "affinity": affinity,
         "usable_cpus": sorted(usable),
         "numa_policy_permitted": probe_numa_policy(cpuinfo["architecture"]) if live else None,
-        "recommended": recommend(cores, usable, allowed, cgroup["cpu_quota"], isolation, use_isolated),
+        "recommended": recommend(cores, usable, allowed, cgroup["cpu_quota"], isolation, use_isolated, numa_nodes,
+                                 cgroup["mems"]),
     }
 
 

@@ -52,8 +52,8 @@ def assert_agrees_with_lscpu(result, fields):
 
 def test_every_machine_has_a_tree():
     assert ALL_TREES == ["arm-graviton3", "container-cgroup2", "epyc-1socket", "epyc-isolcpus", "epyc-slice-cpuset",
-                         "epyc-user-quota", "intel-hybrid", "kvm-ci-vm", "kvm-socket-per-vcpu", "qemu-2node",
-                         "xeon-2socket"]
+                         "epyc-user-quota", "intel-hybrid", "kvm-ci-vm", "kvm-socket-per-vcpu", "power9-lpar-memless",
+                         "qemu-2node", "xeon-2socket"]
 
 
 @pytest.mark.parametrize("tree", ALL_TREES)
@@ -112,10 +112,11 @@ def test_xeon_two_sockets_with_repeating_core_ids():
     assert result["usable_cpus"] == list(range(8))
     assert result["numa_policy_permitted"] is None
     assert result["recommended"] == {
-        "cpus": [0, 1], "threads": 2, "numa_node": 0,
+        "cpus": [0, 1], "threads": 2, "numa_node": 0, "memory_nodes": [0],
         "reason": "4 physical cores among 8 usable CPUs, one CPU per core (SMT siblings left out); "
                   "NUMA node 0 chosen of 2 nodes with usable cores (most cores, lowest id on a tie), memory bound there",
-        "per_node": [{"numa_node": 0, "cpus": [0, 1], "threads": 2}, {"numa_node": 1, "cpus": [2, 3], "threads": 2}],
+        "per_node": [{"numa_node": 0, "cpus": [0, 1], "threads": 2, "memory_nodes": [0]},
+                     {"numa_node": 1, "cpus": [2, 3], "threads": 2, "memory_nodes": [1]}],
         "on_isolated": False, "bind_threads": False}
 
 
@@ -132,9 +133,9 @@ def test_epyc_one_socket_four_l3_domains():
     assert result["cpuidle"]["driver"] == "acpi_idle"
     assert result["swap"] == {"devices": [], "total_mb": 0}
     assert result["recommended"] == {
-        "cpus": [0, 1, 2, 3, 4, 5, 6, 7], "threads": 8, "numa_node": 0,
+        "cpus": [0, 1, 2, 3, 4, 5, 6, 7], "threads": 8, "numa_node": 0, "memory_nodes": [0],
         "reason": "8 physical cores among 16 usable CPUs, one CPU per core (SMT siblings left out); memory bound to NUMA node 0",
-        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2, 3, 4, 5, 6, 7], "threads": 8}],
+        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2, 3, 4, 5, 6, 7], "threads": 8, "memory_nodes": [0]}],
         "on_isolated": False, "bind_threads": False}
 
 
@@ -147,10 +148,10 @@ def test_intel_hybrid_leaves_efficiency_cores_out():
     assert result["isa"]["avx2"] and not result["isa"]["avx512f"]
     assert [s["name"] for s in result["cpuidle"]["states"]] == ["POLL", "C1E", "C6", "C8", "C10"]
     assert result["recommended"] == {
-        "cpus": [0, 2, 4, 6, 8, 10], "threads": 6, "numa_node": 0,
+        "cpus": [0, 2, 4, 6, 8, 10], "threads": 6, "numa_node": 0, "memory_nodes": [0],
         "reason": "10 physical cores among 16 usable CPUs, one CPU per core (SMT siblings left out); "
                   "4 efficiency cores left out; memory bound to NUMA node 0",
-        "per_node": [{"numa_node": 0, "cpus": [0, 2, 4, 6, 8, 10], "threads": 6}],
+        "per_node": [{"numa_node": 0, "cpus": [0, 2, 4, 6, 8, 10], "threads": 6, "memory_nodes": [0]}],
         "on_isolated": False, "bind_threads": False}
 
 
@@ -160,11 +161,11 @@ def test_isolcpus_left_out_by_default_and_named():
     assert result["isolated_cpus"] == result["nohz_full_cpus"] == list(range(2, 16))
     assert result["usable_cpus"] == [0, 1]
     assert result["recommended"] == {
-        "cpus": [0, 1], "threads": 2, "numa_node": 0,
+        "cpus": [0, 1], "threads": 2, "numa_node": 0, "memory_nodes": [0],
         "reason": "2 physical cores among 2 usable CPUs, one CPU per core; memory bound to NUMA node 0; "
                   "isolated (isolcpus=) CPUs 2-15 and nohz_full CPUs 2-15 left out: set aside at boot for dedicated "
                   "work (use_isolated=true runs the service there)",
-        "per_node": [{"numa_node": 0, "cpus": [0, 1], "threads": 2}],
+        "per_node": [{"numa_node": 0, "cpus": [0, 1], "threads": 2, "memory_nodes": [0]}],
         "on_isolated": False, "bind_threads": False}
 
 
@@ -172,13 +173,76 @@ def test_isolcpus_used_when_asked_one_thread_per_whole_isolated_core():
     result = cpu_topology.gather(os.path.join(TREES, "epyc-isolcpus"), use_isolated=True)
     # CPUs 8 and 9 are isolated but are the SMT siblings of housekeeping CPUs 0 and 1.
     assert result["recommended"] == {
-        "cpus": [2, 3, 4, 5, 6, 7], "threads": 6, "numa_node": 0,
+        "cpus": [2, 3, 4, 5, 6, 7], "threads": 6, "numa_node": 0, "memory_nodes": [0],
         "reason": "6 physical cores among 12 usable CPUs, one CPU per core (SMT siblings left out); memory bound to "
                   "NUMA node 0; on the isolated (isolcpus=) CPUs 2-15 and nohz_full CPUs 2-15, as asked (use_isolated); "
                   "CPUs 8-9 left out, their cores also run housekeeping CPUs; the scheduler does not balance threads "
                   "between isolated CPUs: bind each engine thread to one CPU",
-        "per_node": [{"numa_node": 0, "cpus": [2, 3, 4, 5, 6, 7], "threads": 6}],
+        "per_node": [{"numa_node": 0, "cpus": [2, 3, 4, 5, 6, 7], "threads": 6, "memory_nodes": [0]}],
         "on_isolated": True, "bind_threads": True}
+
+
+def test_power_lpar_binds_memory_to_the_nearest_node_that_has_it():
+    # Issue 39, input 5: a POWER9 LPAR whose CPUs are on node 2, which has no memory; nodes 0 and 1 have memory and
+    # no CPUs. Node 2 is not in the cpuset's memory nodes (the kernel's top cpuset holds the nodes with memory), so
+    # set_mempolicy(2) refuses it: memory goes to node 0, nearer (20) than node 1 (40).
+    result = facts("power9-lpar-memless")
+    assert (result["architecture"], result["vendor"], result["model_name"]) == (
+        "ppc64le", "IBM", "POWER9 (architected), altivec supported")
+    assert result["numa_nodes"] == [
+        {"id": 0, "cpus": [], "memory_mb": 8664, "distances": [10, 40, 20]},
+        {"id": 1, "cpus": [], "memory_mb": 5601, "distances": [40, 10, 40]},
+        {"id": 2, "cpus": list(range(8)), "memory_mb": 0, "distances": [20, 40, 10]}]
+    assert result["cgroup"]["mems"] == [0, 1]
+    assert [(c["numa_node"], c["cpus"]) for c in result["cores"]] == [(2, [0, 1, 2, 3]), (2, [4, 5, 6, 7])]
+    assert result["recommended"] == {
+        "cpus": [0, 4], "threads": 2, "numa_node": 2, "memory_nodes": [0],
+        "reason": "2 physical cores among 8 usable CPUs, one CPU per core (SMT siblings left out); NUMA node 2 has "
+                  "no memory: memory bound to node 0, the nearest with memory (distance 20)",
+        # One node with cores: one engine, on node 2's cores with node 0's memory.
+        "per_node": [{"numa_node": 2, "cpus": [0, 4], "threads": 2, "memory_nodes": [0]}],
+        "on_isolated": False, "bind_threads": False}
+
+
+def test_memory_only_nodes_get_no_engine_and_cpu_nodes_keep_their_memory(tmp_path):
+    # A two-socket Xeon with a CXL memory expander (node 2: memory, no CPUs), as on current x86 servers.
+    root = tree_with(tmp_path, "xeon-2socket", {
+        "sys/devices/system/node/online": "0-2\n",
+        "sys/devices/system/node/node0/distance": "10 21 14\n",
+        "sys/devices/system/node/node1/distance": "21 10 24\n",
+        "sys/devices/system/node/node2/cpulist": "\n",
+        "sys/devices/system/node/node2/distance": "14 24 10\n",
+        "sys/devices/system/node/node2/meminfo": "Node 2 MemTotal:       268435456 kB\nNode 2 MemFree:        "
+                                                 "268000000 kB\n"})
+    recommended = cpu_topology.gather(root)["recommended"]
+    assert [(n["numa_node"], n["cpus"], n["memory_nodes"]) for n in recommended["per_node"]] == [
+        (0, [0, 1], [0]), (1, [2, 3], [1])]
+    assert (recommended["numa_node"], recommended["memory_nodes"]) == (0, [0])
+
+
+def test_memory_nodes_outside_the_service_cgroup_are_not_bound(tmp_path):
+    # systemctl set-property system.slice AllowedMemoryNodes=1: node 0's engine pairs with node 1, the only one left.
+    root = tree_with(tmp_path, "xeon-2socket", {"sys/fs/cgroup/cpuset.mems.effective": "0-1\n",
+                                                "sys/fs/cgroup/system.slice/cpuset.mems.effective": "1\n"})
+    recommended = cpu_topology.gather(root)["recommended"]
+    assert [(n["numa_node"], n["memory_nodes"]) for n in recommended["per_node"]] == [(0, [1]), (1, [1])]
+    assert recommended["reason"] == (
+        "4 physical cores among 8 usable CPUs, one CPU per core (SMT siblings left out); NUMA node 0 chosen of 2 nodes "
+        "with usable cores (most cores, lowest id on a tie); NUMA node 0 is outside the service's memory nodes "
+        "(cpuset.mems.effective 1): memory bound to node 1, the nearest with memory (distance 20); one engine per "
+        "node pairs CPU node 0 with memory node 1")
+
+
+def test_equally_near_memory_nodes_are_all_bound():
+    nodes = [{"id": 0, "cpus": [], "memory_mb": 4096, "distances": [10, 40, 20, 20]},
+             {"id": 1, "cpus": [0, 1], "memory_mb": 0, "distances": [40, 10, 40, 40]},
+             {"id": 2, "cpus": [], "memory_mb": 4096, "distances": [20, 40, 10, 20]},
+             {"id": 3, "cpus": [], "memory_mb": 4096, "distances": [20, 40, 20, 10]}]
+    assert cpu_topology.memory_nodes(1, nodes, None) == (
+        [0, 2, 3], "NUMA node 1 has no memory: memory bound to nodes 0,2-3, the nearest with memory (distance 40)")
+    assert cpu_topology.memory_nodes(1, nodes, [2, 3])[0] == [2, 3]
+    assert cpu_topology.memory_nodes(0, nodes, None) == ([0], None)
+    assert cpu_topology.memory_nodes(None, [], None) == ([], None)
 
 
 def tree_with(tmp_path, tree, files):
@@ -186,6 +250,7 @@ def tree_with(tmp_path, tree, files):
     root = tmp_path / tree
     shutil.copytree(os.path.join(TREES, tree), root)
     for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
         (root / path).write_text(text)
     return str(root)
 
@@ -243,9 +308,9 @@ def test_kvm_guest_with_one_socket_per_vcpu():
     assert result["swap"]["total_mb"] == 2047
     # Four "sockets" but one NUMA node: all vCPUs, memory on node 0.
     assert result["recommended"] == {
-        "cpus": [0, 1, 2, 3], "threads": 4, "numa_node": 0,
+        "cpus": [0, 1, 2, 3], "threads": 4, "numa_node": 0, "memory_nodes": [0],
         "reason": "4 physical cores among 4 usable CPUs, one CPU per core; memory bound to NUMA node 0",
-        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2, 3], "threads": 4}],
+        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2, 3], "threads": 4, "memory_nodes": [0]}],
         "on_isolated": False, "bind_threads": False}
 
 
@@ -261,10 +326,10 @@ def test_container_quota_and_cpuset_with_smt_siblings():
     assert [(s["name"], s["disabled"]) for s in result["cpuidle"]["states"]][-1] == ("C6", True)
     # CPUs 0 and 4 are SMT siblings: 3 physical cores, and the quota of 2 CPUs caps threads at 2.
     assert result["recommended"] == {
-        "cpus": [0, 1, 2], "threads": 2, "numa_node": 0,
+        "cpus": [0, 1, 2], "threads": 2, "numa_node": 0, "memory_nodes": [0],
         "reason": "3 physical cores among 4 usable CPUs, one CPU per core (SMT siblings left out); "
                   "memory bound to NUMA node 0; threads capped at 2 by the cgroup CPU quota of 2 CPUs",
-        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2], "threads": 2}],
+        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2], "threads": 2, "memory_nodes": [0]}],
         "on_isolated": False, "bind_threads": False}
 
 
@@ -276,9 +341,9 @@ def test_a_per_user_quota_of_the_login_does_not_cap_the_service():
                                 "mems": [0], "cpu_quota": None, "memory_limit_mb": None}
     assert result["usable_cpus"] == list(range(16))
     assert result["recommended"] == {
-        "cpus": [0, 1, 2, 3, 4, 5, 6, 7], "threads": 8, "numa_node": 0,
+        "cpus": [0, 1, 2, 3, 4, 5, 6, 7], "threads": 8, "numa_node": 0, "memory_nodes": [0],
         "reason": "8 physical cores among 16 usable CPUs, one CPU per core (SMT siblings left out); memory bound to NUMA node 0",
-        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2, 3, 4, 5, 6, 7], "threads": 8}],
+        "per_node": [{"numa_node": 0, "cpus": [0, 1, 2, 3, 4, 5, 6, 7], "threads": 8, "memory_nodes": [0]}],
         "on_isolated": False, "bind_threads": False}
     # A service whose unit runs in that user's slice (Slice=user-1000.slice) would get the quota, from the parent.
     capped = cpu_topology.gather(os.path.join(TREES, "epyc-user-quota"), service_slice="user-1000.slice")
@@ -295,9 +360,9 @@ def test_the_cpuset_of_the_service_slice_not_the_login():
     assert (result["cgroup"]["cpuset"], result["cgroup"]["cpu_quota"]) == (list(range(2, 12)), None)
     assert result["usable_cpus"] == list(range(2, 12))
     assert result["recommended"] == {
-        "cpus": [2, 3, 4, 5, 6, 7, 8, 9], "threads": 8, "numa_node": 0,
+        "cpus": [2, 3, 4, 5, 6, 7, 8, 9], "threads": 8, "numa_node": 0, "memory_nodes": [0],
         "reason": "8 physical cores among 10 usable CPUs, one CPU per core (SMT siblings left out); memory bound to NUMA node 0",
-        "per_node": [{"numa_node": 0, "cpus": [2, 3, 4, 5, 6, 7, 8, 9], "threads": 8}],
+        "per_node": [{"numa_node": 0, "cpus": [2, 3, 4, 5, 6, 7, 8, 9], "threads": 8, "memory_nodes": [0]}],
         "on_isolated": False, "bind_threads": False}
 
 

@@ -12,6 +12,8 @@ template files, as the template action does.
 import base64
 import hashlib
 import json
+import re
+import shutil
 import contextlib
 import os
 import warnings
@@ -290,6 +292,27 @@ def test_numa_balancing_turned_off_only_with_two_or_more_nodes(disable, facts, o
     assert render(expr, numa_balancing_disable=disable, ansible_facts=facts) is off
 
 
+def numa_binding(facts, **overrides):
+    """The facts roles/numa/tasks/binding.yml sets, its set_fact tasks rendered in order on the role's defaults."""
+    variables = dict(load("roles/numa/defaults/main.yml"), ansible_facts={"cpu_topology": facts}, **overrides)
+    for tsk in load("roles/numa/tasks/binding.yml"):
+        for name, expr in tsk.get("ansible.builtin.set_fact", {}).items():
+            variables[name] = render(expr, **variables) if isinstance(expr, str) else expr
+    return {name: variables[name] for name in ("numa_service_cpu_affinity", "numa_service_policy", "numa_service_mask")}
+
+
+def test_memory_is_bound_only_to_a_node_that_has_memory():
+    """Issue 39, input 5: the POWER LPAR's CPUs are on node 2, which has no memory (NUMAMask=2 failed the unit)."""
+    facts = cpu_topology.gather(os.path.join(FIXTURES, "topology", "power9-lpar-memless"))
+    facts["numa_policy_permitted"] = True
+    assert numa_binding(facts) == {"numa_service_cpu_affinity": "0 4", "numa_service_policy": "bind",
+                                   "numa_service_mask": "0"}
+    # numa_bind_node still wins (tasks/variables.yml keeps it to nodes with memory the cgroup allows).
+    assert numa_binding(facts, numa_bind_node=1)["numa_service_mask"] == "1"
+    facts["numa_policy_permitted"] = None
+    assert numa_binding(facts)["numa_service_policy"] == ""
+
+
 # --- roles/inference_service, roles/autotune, roles/grub, roles/fleet_report ----------------------------------
 
 @pytest.mark.parametrize("listen, loopback", [
@@ -497,6 +520,20 @@ def test_vm_checks_topology_agrees_with_lscpu_and_numactl(engines, lines, memory
         # One engine: its Mems_allowed_list is shown, not checked.
         assert rows["got"]["engine Mems_allowed_list"] == "0-1" and "engine Mems_allowed_list" not in rows["want"]
     assert sorted(key for key in rows["want"] if rows["want"][key] != rows["got"][key]) == wrong
+
+
+def test_vm_checks_want_the_memory_nodes_cpu_topology_chose():
+    """An engine paired with another node's memory (its own has none, issue 39 input 5) is checked against that node."""
+    topology = cpu_topology.gather(os.path.join(FIXTURES, "topology", "qemu-2node"))
+    topology["recommended"]["per_node"][1]["memory_nodes"] = [0]
+    lines = [E0 + " cpus_allowed=0", E0 + " mems_allowed=0", E0 + " mempolicy=bind:0",
+             E1 + " cpus_allowed=1", E1 + " mems_allowed=0", E1 + " mempolicy=bind:0"]
+    compare = task("tests/vm/checks.yml", "Compare the topology with lscpu's and numactl's")
+    rows = render(compare["vars"]["__rows"], vm_checks_tools={"stdout_lines": read(JINJA, "vm-topology-tools").splitlines()},
+                  vm_checks_topology={"ansible_facts": {"cpu_topology": topology}}, vm_checks_engines=[E0, E1],
+                  vm_checks_engine={"stdout": "\n".join(lines), "stdout_lines": lines})
+    assert (rows["want"]["engine@1 memory policy"], rows["want"]["engine@1 Mems_allowed_list"]) == ("bind:0", "0")
+    assert [key for key in rows["want"] if key.startswith("engine") and rows["want"][key] != rows["got"][key]] == []
 
 
 def test_vm_checks_engine_names_follow_the_nodes_the_vm_boots():
@@ -767,6 +804,10 @@ def service_vars(fixture, **overrides):
     ("epyc-1socket", "per_node", True, [
         {"unit": "llm-inference.service", "node": None, "port": 8000, "cpus": "0 1 2 3 4 5 6 7", "threads": 8,
          "numa_policy": "", "numa_mask": ""}]),
+    # Issue 39, input 5: one node with cores (its memory on the CPU-less nodes): one engine, whatever the layout asks.
+    ("power9-lpar-memless", "per_node", True, [
+        {"unit": "llm-inference.service", "node": None, "port": 8000, "cpus": "0 4", "threads": 2,
+         "numa_policy": "", "numa_mask": ""}]),
 ])
 def test_the_engines_of_each_layout(fixture, layout, permitted, expected):
     variables = service_vars(fixture, inference_service_layout=layout)
@@ -788,6 +829,21 @@ def test_the_twins_ports_stay_off_the_engines_ports(ports, ok):
     rules = task("roles/inference_service/tasks/variables.yml", "Check the service's ranges and names")["loop"]
     rule = next(r for r in rules if r["name"] == "inference_service_engine_firewall_ports")
     assert render(rule["ok"], **variables) is ok
+
+
+def test_an_engine_on_a_node_without_usable_memory_binds_the_nearest(tmp_path):
+    """A node's memory outside the service's cgroup (system.slice AllowedMemoryNodes=1): its engine binds node 1."""
+    root = tmp_path / "xeon-2socket"
+    shutil.copytree(os.path.join(FIXTURES, "topology", "xeon-2socket"), root)
+    (root / "sys/fs/cgroup/system.slice").mkdir()
+    (root / "sys/fs/cgroup/system.slice/cpuset.mems.effective").write_text("1\n")
+    facts = cpu_topology.gather(str(root))
+    facts["numa_policy_permitted"] = True
+    variables = service_vars("xeon-2socket", inference_service_layout="per_node")
+    variables.update(cpu_topology=facts, ansible_facts={"cpu_topology": facts})
+    instances = render("{{ __inference_service_instances }}", **variables)
+    assert [(i["unit"], i["cpus"], i["numa_mask"]) for i in instances] == [
+        ("llm-inference@0.service", "0 1", "1"), ("llm-inference@1.service", "2 3", "1")]
 
 
 def test_each_node_of_a_two_socket_xeon_gets_its_own_cores():

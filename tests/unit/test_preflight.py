@@ -12,6 +12,8 @@ import pytest
 from conftest import ROOT, VENV_BIN
 
 KEY = "abcdefghijklmnopqrstuvwxyz0123456789ABCD"
+# Another machine's sysfs/procfs (the topology role's topology_sysroot): its checks run against that machine.
+TOPOLOGY = os.path.join(ROOT, "tests", "fixtures", "topology")
 
 # Each bad input an operator sent, with the message it must get.
 CASES = [
@@ -40,6 +42,10 @@ CASES = [
     ({"inference_service_listen": "0.0.0.0"}, "is not loopback: set inference_service_api_key"),
     ({"numa_bind_node": 7}, "numa_bind_node must be null or one of the host's NUMA nodes"),
     ({"numa_bind_cpus": [4096]}, "numa_bind_cpus must be usable CPUs of the host"),
+    # Issue 39, input 5: node 2 of a POWER LPAR has the CPUs but no memory; set_mempolicy(2) refuses it.
+    ({"topology_sysroot": os.path.join(TOPOLOGY, "power9-lpar-memless"), "numa_bind_node": 2},
+     "numa_bind_node must be null or one of the host's NUMA nodes with memory that the service's cgroup allows "
+     "[0, 1]: set_mempolicy(2) refuses the others and the service would not start (got 2)"),
     ({"swap_swappiness": 300}, "swap_swappiness must be 0-200"),
     ({"cstates_max_latency_us": -1}, "must be >= 0"),
     ({"thp_enabled": "bogus"}, "value of thp_enabled must be one of: always, madvise, never, got: bogus"),
