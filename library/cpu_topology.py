@@ -133,6 +133,11 @@ ansible_facts:
             C(ppc64le) when its C(cpu) names a POWER processor).
           type: str
           sample: x86_64
+        kernel_release:
+          description: Release of the running kernel (C(uname -r); C(proc/sys/kernel/osrelease) under a sysroot), null
+            when unknown. Some values are refused by older kernels (vm.swappiness above 100 before 5.8).
+          type: str
+          sample: 6.1.0-27-amd64
         vendor:
           description: C(vendor_id) of C(proc/cpuinfo) on x86; on Arm the C(CPU implementer) code mapped to a name
             as lscpu does (the hex code when unknown); C(IBM) on POWER. Null when unknown.
@@ -285,6 +290,11 @@ ansible_facts:
             epp:
               description: True when C(energy_performance_preference) exists (intel_pstate / amd-pstate active mode).
               type: bool
+            epp_choices:
+              description: C(energy_performance_available_preferences) of the first policy that has it; empty when none.
+              type: list
+              elements: str
+              sample: [default, performance, balance_performance, balance_power, power]
         cpuidle:
           description: CPU idle states (C(sys/devices/system/cpu/cpuidle), C(cpuN/cpuidle/stateK)).
           type: dict
@@ -331,6 +341,15 @@ ansible_facts:
             defrag:
               description: Selected value of C(defrag), or null.
               type: str
+            enabled_choices:
+              description: Every value this kernel offers in C(enabled); empty without THP.
+              type: list
+              elements: str
+            defrag_choices:
+              description: Every value this kernel offers in C(defrag) (C(defer+madvise) since Linux 4.11); empty without
+                THP.
+              type: list
+              elements: str
         swap:
           description: Active swap from C(proc/swaps).
           type: dict
@@ -706,6 +725,9 @@ def read_cpufreq(sysroot):
                       for p in policies},
         "epp": any(os.path.exists(sysroot_path(sysroot, "%s/policy%d/energy_performance_preference" % (base, p)))
                    for p in policies),
+        "epp_choices": next((text.split() for text in (
+            read_text(sysroot, "%s/policy%d/energy_performance_available_preferences" % (base, p)) for p in policies)
+            if text), []),
     }
 
 
@@ -736,7 +758,8 @@ def read_thp(sysroot):
     enabled = read_text(sysroot, "/sys/kernel/mm/transparent_hugepage/enabled")
     defrag = read_text(sysroot, "/sys/kernel/mm/transparent_hugepage/defrag")
     return {"supported": enabled is not None, "enabled": parse_bracketed(enabled)[0],
-            "defrag": parse_bracketed(defrag)[0]}
+            "defrag": parse_bracketed(defrag)[0], "enabled_choices": parse_bracketed(enabled)[1],
+            "defrag_choices": parse_bracketed(defrag)[1]}
 
 
 def read_swap(sysroot):
@@ -1134,6 +1157,7 @@ def gather(sysroot="/", use_isolated=False, service_slice="system.slice"):
     return {
         "sysroot": sysroot,
         "architecture": cpuinfo["architecture"],
+        "kernel_release": kernel_release(sysroot, live),
         "vendor": cpuinfo["vendor"],
         "model_name": cpuinfo["model_name"],
         "sockets": len({core["socket"] for core in cores}),

@@ -20,6 +20,12 @@ TREES = os.path.join(ROOT, "tests", "fixtures", "topology")
 ALL_TREES = sorted(name for name in os.listdir(TREES) if os.path.isdir(os.path.join(TREES, name)))
 
 
+def read_tree(tree, path):
+    """Text of file PATH of fixture TREE, without the newline."""
+    with open(os.path.join(TREES, tree, path), encoding="utf-8") as handle:
+        return handle.read().strip()
+
+
 def facts(tree):
     """Return the cpu_topology facts of fixture ``tree``."""
     return cpu_topology.gather(os.path.join(TREES, tree))
@@ -94,13 +100,18 @@ def test_xeon_two_sockets_with_repeating_core_ids():
     assert result["isa"] == {"avx2": True, "avx512f": True, "avx512_bf16": False, "avx512_vnni": True,
                              "amx_tile": False, "amx_bf16": False, "amx_int8": False}
     assert result["cpufreq"] == {"present": True, "driver": "intel_pstate", "available_governors": ["performance", "powersave"],
-                                 "governors": {"policy%d" % n: "powersave" for n in range(8)}, "epp": True}
+                                 "governors": {"policy%d" % n: "powersave" for n in range(8)}, "epp": True,
+                                 "epp_choices": ["default", "performance", "balance_performance", "balance_power",
+                                                 "power"]}
     assert result["cpuidle"] == {"driver": "intel_idle", "governor": "menu", "intel_idle_builtin": True, "states": [
         {"name": "POLL", "desc": "CPUIDLE CORE POLL IDLE", "latency_us": 0, "disabled": False},
         {"name": "C1", "desc": "MWAIT 0x00", "latency_us": 1, "disabled": False},
         {"name": "C1E", "desc": "MWAIT 0x01", "latency_us": 4, "disabled": False},
         {"name": "C6", "desc": "MWAIT 0x20", "latency_us": 170, "disabled": False}]}
-    assert result["thp"] == {"supported": True, "enabled": "always", "defrag": "madvise"}
+    assert result["thp"] == {"supported": True, "enabled": "always", "defrag": "madvise",
+                             "enabled_choices": ["always", "madvise", "never"],
+                             "defrag_choices": ["always", "defer", "defer+madvise", "madvise", "never"]}
+    assert result["kernel_release"] == read_tree("xeon-2socket", "proc/sys/kernel/osrelease")
     assert result["swap"] == {"devices": [{"name": "/dev/sda3", "type": "partition", "size_mb": 8191, "priority": -2}],
                               "total_mb": 8191}
     assert result["memory_mb"] == 126976
@@ -290,7 +301,8 @@ def test_arm_without_smt_or_cpuinfo_core_id():
     assert result["isa"] == {"asimd": True, "sve": True, "bf16": True, "i8mm": True}
     assert [c["die"] for c in result["cores"]] == [-1] * 8
     # No cpufreq, no cpuidle directory: absent interfaces, not errors.
-    assert result["cpufreq"] == {"present": False, "driver": None, "available_governors": [], "governors": {}, "epp": False}
+    assert result["cpufreq"] == {"present": False, "driver": None, "available_governors": [], "governors": {}, "epp": False,
+                                 "epp_choices": []}
     assert result["cpuidle"] == {"driver": None, "governor": None, "states": [], "intel_idle_builtin": False}
     assert result["virtualization"] == {"hypervisor": "amazon", "container": "none"}
     assert result["recommended"]["cpus"] == list(range(8))
@@ -434,7 +446,8 @@ def test_missing_optional_interfaces_give_absent_values(tmp_path):
     assert result["physical_cores"] == 4
     assert result["cpufreq"]["present"] is False
     assert result["cpuidle"]["driver"] is None
-    assert result["thp"] == {"supported": False, "enabled": None, "defrag": None}
+    assert result["thp"] == {"supported": False, "enabled": None, "defrag": None, "enabled_choices": [],
+                             "defrag_choices": []}
     assert result["numa_nodes"] == []
     assert (result["memory_mb"], result["affinity"], result["cgroup"]["version"]) == (None, None, None)
     assert result["vendor"] is None

@@ -209,6 +209,68 @@ def test_zram_generator_drop_in_sizes_every_device_zero():
     assert text.splitlines()[3:] == ["", "[zram0]", "zram-size = 0", "", "[zram1]", "zram-size = 0"]
 
 
+# --- the variables' checks against a host's kernel (playbooks/preflight.yml) ----------------------------------
+
+@pytest.mark.parametrize("driver, governor, epp, ok", [
+    # Issue 39, input 3, and amd-pstate's active mode (its driver is amd-pstate-epp): EBUSY under performance.
+    ("intel_pstate", "performance", "balance_performance", False),
+    ("amd-pstate-epp", "performance", "power", False),
+    ("intel_pstate", "performance", "performance", True),
+    ("intel_pstate", "performance", "", True),
+    ("intel_pstate", "powersave", "balance_performance", True),
+    # Passive modes (intel_cpufreq, amd-pstate) and acpi-cpufreq do not pin EPP.
+    ("intel_cpufreq", "performance", "balance_performance", True),
+])
+def test_cpufreq_refuses_the_governor_and_epp_pairs_the_driver_refuses(driver, governor, epp, ok):
+    tsk = task("roles/cpufreq/tasks/variables.yml", "Check the governor and EPP against the host's cpufreq driver")
+    cpufreq = {"present": True, "driver": driver, "available_governors": ["performance", "powersave"], "epp": True,
+               "epp_choices": ["default", "performance", "balance_performance", "balance_power", "power"]}
+    variables = dict(load("roles/cpufreq/vars/main.yml"), cpufreq_governor=governor, cpufreq_epp=epp,
+                     ansible_facts={"cpu_topology": {"cpufreq": cpufreq}})
+    variables = task_vars(tsk, **variables)
+    assert all(condition(tsk["ansible.builtin.assert"]["that"], item=render_tree(item, **variables))
+               for item in tsk["loop"]) is ok
+
+
+def test_cpufreq_checks_every_policys_governor_and_epp_before_any_write():
+    tsk = task("roles/cpufreq/tasks/apply.yml", "Check the governor and EPP against each policy's choices")
+    policies = ["/sys/devices/system/cpu/cpufreq/policy0", "/sys/devices/system/cpu/cpufreq/policy1"]
+    items = render(tsk["loop"], cpufreq_policy_paths=policies, cpufreq_governor="performance", cpufreq_epp="performance")
+    assert [(i[0][-7:], i[1]["file"], i[1]["choices"]) for i in items] == [
+        ("policy0", "scaling_governor", "scaling_available_governors"),
+        ("policy0", "energy_performance_preference", "energy_performance_available_preferences"),
+        ("policy1", "scaling_governor", "scaling_available_governors"),
+        ("policy1", "energy_performance_preference", "energy_performance_available_preferences")]
+    assert len(render(tsk["loop"], cpufreq_policy_paths=policies, cpufreq_governor="performance", cpufreq_epp="")) == 2
+    names = [t["name"] for t in load("roles/cpufreq/tasks/apply.yml")]
+    assert names.index("Check the governor and EPP against each policy's choices") < names.index("Set the governor now")
+
+
+@pytest.mark.parametrize("release, swappiness, ok", [
+    # RHEL 7's kernel refuses vm.swappiness above 100 (EINVAL); 5.8 raised the limit to 200.
+    ("3.10.0-1160.el7.x86_64", 150, False), ("3.10.0-1160.el7.x86_64", 100, True),
+    ("5.4.0-150-generic", 101, False), ("5.8.0-63-generic", 200, True), ("5.15.0-91-generic", 150, True),
+    ("6.1.0-27-amd64", 200, True)])
+def test_swappiness_above_100_needs_linux_5_8(release, swappiness, ok):
+    tsk = task("roles/swap/tasks/variables.yml", "Check vm.swappiness against the host's kernel")
+    variables = task_vars(tsk, swap_swappiness=swappiness, ansible_facts={"cpu_topology": {"kernel_release": release}})
+    assert condition(tsk["when"], **variables)
+    assert condition(tsk["ansible.builtin.assert"]["that"], **variables) is ok
+
+
+def test_thp_values_the_kernel_does_not_offer_are_refused():
+    # RHEL 7's kernel offers no defer or defer+madvise (added in 4.6 and 4.11).
+    tsk = task("roles/thp/tasks/variables.yml", "Check the THP values against the host's kernel")
+    thp = {"enabled_choices": ["always", "madvise", "never"], "defrag_choices": ["always", "madvise", "never"]}
+    variables = task_vars(tsk, thp_enabled="always", thp_defrag="defer+madvise",
+                          ansible_facts={"cpu_topology": {"thp": thp}})
+    items = [render_tree(item, **variables) for item in tsk["loop"]]
+    assert [condition(tsk["ansible.builtin.assert"]["that"], item=item) for item in items] == [True, False]
+    assert render(tsk["ansible.builtin.assert"]["fail_msg"], item=items[1]) == (
+        "thp_defrag must be one of this host's choices ['always', 'madvise', 'never'] "
+        "(/sys/kernel/mm/transparent_hugepage/defrag) (got defer+madvise)")
+
+
 # --- roles/rollback ------------------------------------------------------------------------------------------
 
 RESTORE = "roles/rollback/tasks/restore.yml"

@@ -52,6 +52,14 @@ CASES = [
     ({"tuned_profile_name": "../etc"}, "tuned_profile_name must be letters, digits"),
     ({"grub_reboot_timeout": 5}, "grub_reboot_timeout must be at least 60 s"),
     ({"cpufreq_before_units": ["llm inference"]}, "cpufreq_before_units and cpufreq_disable_agents must be systemd"),
+    # Issue 39, input 3: intel_pstate refuses any EPP but performance under the performance governor (EBUSY), after
+    # the governor was already written, and the boot unit failed the same way at every boot.
+    ({"topology_sysroot": os.path.join(TOPOLOGY, "xeon-2socket"), "cpufreq_epp": "balance_performance"},
+     'cpufreq_epp must be performance, or "" to leave EPP alone, with cpufreq_governor performance on intel_pstate: '
+     "the driver pins EPP to performance under that governor and refuses balance_performance with EBUSY"),
+    # intel_pstate offers performance and powersave only.
+    ({"topology_sysroot": os.path.join(TOPOLOGY, "xeon-2socket"), "cpufreq_governor": "schedutil"},
+     "cpufreq_governor must be one of this host's governors ['performance', 'powersave'] (intel_pstate"),
     ({"inference_service_after_units": ["llmtune-cstates.service", "x\nExecStartPre=/bin/sh"]},
      "inference_service_after_units must be a list of systemd unit names"),
     ({"benchmark_concurrency": [0, 2]}, "benchmark_concurrency must be a non-empty list of levels >= 1"),
