@@ -80,17 +80,42 @@ def parse_shell_assignments(text):
     return values
 
 
-def zram_config_devices(text):
-    """Return the zram device names (``zram0``, ...) a zram-generator config text has sections for.
+# zram-generator.conf(5), "CONFIGURATION DIRECTORIES AND PRECEDENCE": /etc over /run over /usr/local/lib over /usr/lib.
+ZRAM_CONFIG_DIRS = ("/etc/systemd", "/run/systemd", "/usr/local/lib/systemd", "/usr/lib/systemd")
+# Keys of the device size in any zram-generator release: zram-size (0.3 and later), zram-fraction and max-zram-size
+# (every release; when set they override zram-size, zram-generator.conf(5) "OBSOLETE OPTIONS").
+ZRAM_SIZE_KEYS = ("zram-size", "zram-fraction", "max-zram-size")
 
-    zram-generator.conf(5): each device is configured in its ``[zramN]`` section, N a nonnegative
-    integer; other sections are ignored. Comments start with ``#`` or ``;`` (systemd.syntax(7)).
+
+def zram_config_settings(texts):
+    """Merge zram-generator config texts, lowest precedence first, into ``{device: {key: value}}``.
+
+    Sections ``[zramN]`` only (zram-generator.conf(5)); ``key = value`` lines, comments starting with ``#`` or ``;``
+    (systemd.syntax(7)); a later file's value for a key replaces an earlier one.
     """
-    devices = []
-    for line in (text or "").splitlines():
-        line = line.strip()
-        if line.startswith("[") and line.endswith("]"):
-            name = line[1:-1].strip()
-            if name.startswith("zram") and name[4:].isdigit() and name not in devices:
-                devices.append(name)
+    devices = {}
+    for text in texts:
+        section = None
+        for line in (text or "").splitlines():
+            line = line.strip()
+            if not line or line[0] in "#;":
+                continue
+            if line.startswith("[") and line.endswith("]"):
+                name = line[1:-1].strip()
+                section = name if name.startswith("zram") and name[4:].isdigit() else None
+                if section:
+                    devices.setdefault(section, {})
+                continue
+            key, sep, value = line.partition("=")
+            if section and sep:
+                devices[section][key.strip()] = value.strip()
     return devices
+
+
+def zram_is_swap(settings):
+    """True when a device's merged settings make it swap: neither ``mount-point`` nor an ``fs-type`` but ``swap``.
+
+    zram-generator.conf(5): "When neither this option nor fs-type= is specified, the device will be formatted as
+    swap"; a device with a mount point is a file system (a compressed /tmp or /var/log), not swap.
+    """
+    return not settings.get("mount-point") and settings.get("fs-type", "swap") in ("", "swap")

@@ -58,4 +58,18 @@ if [ ! -f "$nginx_root/usr/lib/nginx/modules/ngx_http_js_module.so" ]; then
   rm -rf "$nginx_debs"
 fi
 
+# zram-generator for the swap role's tests, which run the real generator in its test mode
+# (tests/unit/test_zram_generator_units.py): unpacked into the cache, not installed, since the package's own
+# configuration would give the controller a zram swap device at its next boot.
+zram_root=$LLMTUNE_CACHE/zram-generator
+if [ ! -x "$zram_root/lib/systemd/system-generators/zram-generator" ] &&
+   [ ! -x "$zram_root/usr/lib/systemd/system-generators/zram-generator" ]; then
+  echo "== systemd-zram-generator (unpacked for the swap tests)"
+  zram_debs=$(mktemp -d)
+  download() { (cd "$zram_debs" && apt-get download -qq systemd-zram-generator 2>/dev/null); }
+  download || { apt-get update -qq && download; }
+  for deb in "$zram_debs"/*.deb; do dpkg -x "$deb" "$zram_root"; done
+  rm -rf "$zram_debs"
+fi
+
 ! $image || "$LLMTUNE_ROOT/scripts/build-node-image.sh"

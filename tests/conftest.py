@@ -43,6 +43,18 @@ def stored_choices():
     return choices
 
 
+def zram_generator():
+    """Path of the zram-generator program (Debian's systemd-zram-generator installed, or unpacked into the cache by
+    scripts/setup-controller.sh), or None."""
+    cache = os.path.join(os.environ.get("LLMTUNE_CACHE", os.path.join(ROOT, ".cache")), "zram-generator")
+    for base in ("/", cache):
+        for folder in ("usr/lib", "lib"):
+            path = os.path.join(base, folder, "systemd", "system-generators", "zram-generator")
+            if os.access(path, os.X_OK):
+                return path
+    return None
+
+
 def read(*parts):
     """Text of the file at os.path.join(*PARTS)."""
     with open(os.path.join(*parts), encoding="utf-8") as handle:

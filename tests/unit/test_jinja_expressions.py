@@ -197,16 +197,22 @@ def test_dphys_swap_file_backed_up_or_recorded(dphys, left_on, backup, record):
         assert render(args["original"], **variables) == "2147483648"
 
 
-def test_zram_generator_drop_in_sizes_every_device_zero():
-    block = task(BOOT, "Keep zram-generator from making zram devices")
-    facts = {"zram_generator": {"installed": True, "config_files": [], "devices": ["zram0", "zram1"]}}
+def test_zram_generator_drop_in_sizes_every_swap_device_zero():
+    block = task(BOOT, "Keep zram-generator from making zram swap")
+    facts = {"zram_generator": {"installed": True, "config_files": [], "devices": ["zram0", "zram1"],
+                                "mount_devices": []}}
     devices = render(block["vars"]["swap_zram_devices"], swap_sources_result=facts)
     assert devices == ["zram0", "zram1"]
-    assert render(block["vars"]["swap_zram_devices"], swap_sources_result={"zram_generator": {"devices": []}}) == [
-        "zram0"]
+    assert render(block["vars"]["swap_zram_devices"], swap_sources_result={"zram_generator": {
+        "devices": [], "mount_devices": []}}) == ["zram0"]
+    # zram0 formatted as a file system is no swap device: kept (the kernel's systemd.zram=1 only adds defaults).
+    assert render(block["vars"]["swap_zram_devices"], swap_sources_result={"zram_generator": {
+        "devices": ["zram1"], "mount_devices": ["zram0"]}}) == ["zram1"]
     text = render_template_file("roles/swap/templates/zram-generator.conf.j2", swap_zram_devices=devices,
                                 ansible_managed="Ansible managed")
-    assert text.splitlines()[3:] == ["", "[zram0]", "zram-size = 0", "", "[zram1]", "zram-size = 0"]
+    # Every size key any release reads (tests/unit/test_zram_generator_units.py runs the real generator on it).
+    assert text.splitlines()[5:] == ["", "[zram0]", "zram-size = 0", "zram-fraction = 0", "max-zram-size = 0",
+                                     "", "[zram1]", "zram-size = 0", "zram-fraction = 0", "max-zram-size = 0"]
 
 
 # --- the variables' checks against a host's kernel (playbooks/preflight.yml) ----------------------------------

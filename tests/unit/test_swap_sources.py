@@ -12,7 +12,7 @@ import pytest
 from conftest import FIXTURES, read, role_module
 
 from ansible.module_utils.llmtune_swap import (parse_shell_assignments, parse_systemctl_show, parse_systemctl_units,
-                                               zram_config_devices)
+                                               zram_config_settings, zram_is_swap)
 from ansible.module_utils.testing import patch_module_args
 
 TUNING = os.path.join(FIXTURES, "tuning")
@@ -78,9 +78,13 @@ def test_dphys_swapfile_config_as_sh_sources_it():
 
 
 def test_zram_generator_devices():
-    assert zram_config_devices(read(TUNING, "debian12-zram", "etc", "systemd", "zram-generator.conf")) == ["zram0"]
-    text = "[zram0]\nzram-size = min(ram, 8192)\n\n[ zram1 ]\n# [zram2]\n[zram-x]\n[global]\n[zram0]\n"
-    assert zram_config_devices(text) == ["zram0", "zram1"]
+    assert zram_config_settings([read(TUNING, "debian12-zram", "etc", "systemd", "zram-generator.conf")]) == {"zram0": {}}
+    text = "[zram0]\nzram-size = min(ram, 8192)\n\n[ zram1 ]\n# [zram2]\n[zram-x]\nkey = ignored\n[global]\n[zram0]\n"
+    # A later file's value wins, key by key.
+    assert zram_config_settings([text, "; vendor override\n[zram1]\nmount-point=/tmp\n[zram0]\nzram-size = 0\n"]) == {
+        "zram0": {"zram-size": "0"}, "zram1": {"mount-point": "/tmp"}}
+    assert [zram_is_swap(kv) for kv in ({}, {"fs-type": "swap"}, {"mount-point": "/tmp"}, {"fs-type": "ext4"})] == [
+        True, True, False, False]
 
 
 @pytest.fixture(name="run_sources")
@@ -122,7 +126,7 @@ def test_raspios_dphys_swapfile(run_sources, tmp_path):
                                    "unit_file_state": "enabled", "original": "running enabled", "disable": True}]
     assert result["dphys_swapfile"] == {"config": "/etc/dphys-swapfile", "swapsize": "100", "swapfile": "/var/swap",
                                         "swapfile_bytes": 104857600}
-    assert result["zram_generator"] == {"installed": False, "config_files": [], "devices": []}
+    assert result["zram_generator"] == {"installed": False, "config_files": [], "devices": [], "mount_devices": []}
 
 
 def test_debian12_zram_generator(run_sources):
@@ -134,7 +138,7 @@ def test_debian12_zram_generator(run_sources):
                                    "unit_file_state": "static", "original": "running static", "disable": False}]
     assert result["dphys_swapfile"] is None
     assert result["zram_generator"] == {"installed": True, "config_files": ["/etc/systemd/zram-generator.conf"],
-                                        "devices": ["zram0"]}
+                                        "devices": ["zram0"], "mount_devices": []}
 
 
 def test_zram_generator_drop_ins_are_read(tmp_path):
@@ -144,11 +148,16 @@ def test_zram_generator_drop_ins_are_read(tmp_path):
     dropins.mkdir(parents=True)
     (dropins / "50-writeback.conf").write_text("[zram1]\nzram-size = ram / 4\n")
     (dropins / "README").write_text("[zram7]\n")  # not *.conf: zram-generator skips it
+    (dropins / "60-tmp.conf").write_text("[zram2]\nmount-point = /tmp\n")
+    # The same name in /etc hides the vendor's file.
+    (root / "etc" / "systemd" / "zram-generator.conf.d").mkdir()
+    (root / "etc" / "systemd" / "zram-generator.conf.d" / "60-tmp.conf").write_text("[zram3]\n")
     assert swap_sources.zram_generator_facts(str(root)) == {
         "installed": True,
         "config_files": ["/etc/systemd/zram-generator.conf",
-                         "/usr/lib/systemd/zram-generator.conf.d/50-writeback.conf"],
-        "devices": ["zram0", "zram1"]}
+                         "/usr/lib/systemd/zram-generator.conf.d/50-writeback.conf",
+                         "/etc/systemd/zram-generator.conf.d/60-tmp.conf"],
+        "devices": ["zram0", "zram1", "zram3"], "mount_devices": []}
 
 
 def test_without_systemd(run_sources):

@@ -21,7 +21,8 @@ description:
     O(dphys_config), a sourced sh fragment (dphys-swapfile(8)), and the size of that swap file.
   - Reads every zram-generator configuration file, C(zram-generator.conf) and C(zram-generator.conf.d/*.conf)
     under C(/etc/systemd), C(/run/systemd), C(/usr/local/lib/systemd) and C(/usr/lib/systemd)
-    (zram-generator.conf(5)), and returns the C([zramN]) devices they name.
+    (zram-generator.conf(5)), and returns the C([zramN]) devices they name, swap devices apart from those
+    formatted as file systems.
   - Without systemd (no C(systemctl), or systemctl cannot reach it) C(units) and C(services) are empty and
     C(systemd) is false.
   - Supports check mode (it changes nothing in either mode).
@@ -80,44 +81,61 @@ dphys_swapfile:
   type: dict
   sample: {"config": "/etc/dphys-swapfile", "swapsize": "100", "swapfile": "/var/swap", "swapfile_bytes": 104857600}
 zram_generator:
-  description: Whether zram-generator is installed, the configuration files found and the devices they name.
+  description: Whether zram-generator is installed, the configuration files found (in the order their values
+    apply), the swap devices they name (C(devices)) and the devices they format as file systems instead
+    (C(mount_devices), with C(mount-point=) or C(fs-type=), zram-generator.conf(5)), which are not swap.
   returned: always
   type: dict
-  sample: {"installed": true, "config_files": ["/etc/systemd/zram-generator.conf"], "devices": ["zram0"]}
+  sample: {"installed": true, "config_files": ["/etc/systemd/zram-generator.conf"], "devices": ["zram0"],
+           "mount_devices": ["zram1"]}
 """
 
 import glob
 import os
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmtune_swap import (DPHYS_DEFAULT_SWAPFILE, parse_shell_assignments,
-                                               parse_systemctl_show, parse_systemctl_units, zram_config_devices)
+from ansible.module_utils.llmtune_swap import (DPHYS_DEFAULT_SWAPFILE, ZRAM_CONFIG_DIRS, parse_shell_assignments,
+                                               parse_systemctl_show, parse_systemctl_units, zram_config_settings,
+                                               zram_is_swap)
 from ansible.module_utils.llmtune_sysfs import parse_proc_swaps, read_text, sysroot_path
 
 ZRAM_GENERATOR_BINARIES = ("/usr/lib/systemd/system-generators/zram-generator",
                            "/lib/systemd/system-generators/zram-generator")
-# zram-generator.conf(5), "CONFIGURATION DIRECTORIES AND PRECEDENCE".
-ZRAM_CONFIG_DIRS = ("/etc/systemd", "/run/systemd", "/usr/local/lib/systemd", "/usr/lib/systemd")
 # Unit file states systemctl disable acts on; static/indirect/generated units have no [Install] to undo.
 DISABLABLE = ("enabled", "enabled-runtime", "linked", "linked-runtime", "alias")
 
 
-def zram_generator_facts(sysroot):
-    """Return ``{installed, config_files, devices}`` for zram-generator under ``sysroot``."""
-    installed = any(os.path.exists(sysroot_path(sysroot, path)) for path in ZRAM_GENERATOR_BINARIES)
-    files = []
-    devices = []
+def zram_config_files(sysroot):
+    """Return zram-generator's config files under ``sysroot``, in the order their values apply (last wins).
+
+    Main files first (``/usr/lib`` before ``/etc``), then the drop-ins sorted by file name whatever their folder, a
+    name in a folder of higher precedence hiding the same name below it (zram-generator.conf(5)).
+    """
+    mains = [d + "/zram-generator.conf" for d in reversed(ZRAM_CONFIG_DIRS)
+             if os.path.lexists(sysroot_path(sysroot, d + "/zram-generator.conf"))]
+    dropins = {}
     for directory in ZRAM_CONFIG_DIRS:
-        candidates = [directory + "/zram-generator.conf"]
-        found = glob.glob(sysroot_path(sysroot, directory + "/zram-generator.conf.d/*.conf"))
-        candidates += sorted(directory + "/zram-generator.conf.d/" + os.path.basename(p) for p in found)
-        for path in candidates:
-            text = read_text(sysroot, path)
-            if text is None:
-                continue
-            files.append(path)
-            devices += [name for name in zram_config_devices(text) if name not in devices]
-    return {"installed": installed, "config_files": files, "devices": sorted(devices, key=lambda d: int(d[4:]))}
+        for path in glob.glob(sysroot_path(sysroot, directory + "/zram-generator.conf.d/*.conf")):
+            dropins.setdefault(os.path.basename(path), directory + "/zram-generator.conf.d/" + os.path.basename(path))
+    return mains + [dropins[name] for name in sorted(dropins)]
+
+
+def zram_generator_facts(sysroot):
+    """Return ``{installed, config_files, devices, mount_devices}`` for zram-generator under ``sysroot``.
+
+    ``devices`` are the swap devices the configuration names; ``mount_devices`` those it formats as file systems
+    (``mount-point=``, ``fs-type=``: a compressed /tmp or /var/log), which are not swap and are left alone.
+    """
+    installed = any(os.path.exists(sysroot_path(sysroot, path)) for path in ZRAM_GENERATOR_BINARIES)
+    files = [path for path in zram_config_files(sysroot) if read_text(sysroot, path) is not None]
+    settings = zram_config_settings(read_text(sysroot, path) for path in files)
+
+    def number(device):
+        return int(device[4:])
+
+    return {"installed": installed, "config_files": files,
+            "devices": sorted((d for d, kv in settings.items() if zram_is_swap(kv)), key=number),
+            "mount_devices": sorted((d for d, kv in settings.items() if not zram_is_swap(kv)), key=number)}
 
 
 def dphys_swapfile_facts(sysroot, config):
