@@ -7,7 +7,10 @@ with a regex inside YAML/Jinja, where the escaping of backslashes depends on the
 
 from __future__ import annotations
 
+import re
 import shlex
+
+from ansible.module_utils.llmtune_sysfs import FSTAB_SWAP_MARK, is_fstab_swap_line
 
 # systemctl marks failed units with a bullet even in --plain output on some versions (systemd < 243 used "*").
 _BULLETS = ("\u25cf", "*")
@@ -119,3 +122,42 @@ def zram_is_swap(settings):
     swap"; a device with a mount point is a file system (a compressed /tmp or /var/log), not swap.
     """
     return not settings.get("mount-point") and settings.get("fs-type", "swap") in ("", "swap")
+
+
+# Boot scripts of Armbian and Orange Pi's images that make zram swap themselves (mkswap, swapon), in the same
+# service as their compressed /var/log (ramlog) and /tmp: ENABLED=false stops all three, SWAP=false only the swap,
+# where the installed script reads SWAP (older ones do not).
+ZRAM_SCRIPTS = (
+    {"name": "armbian-zram-config", "service": "armbian-zram-config.service",
+     "config": "/etc/default/armbian-zram-config", "script": "/usr/lib/armbian/armbian-zram-config"},
+    {"name": "orangepi-zram-config", "service": "orangepi-zram-config.service",
+     "config": "/etc/default/orangepi-zram-config", "script": "/usr/lib/orangepi/orangepi-zram-config"},
+)
+# Services in swap_sources' default list whose swap is zram (zram-tools, Ubuntu's zram-config).
+ZRAM_SERVICES = ("zramswap.service", "zram-config.service")
+# fstab tags and the /dev/disk folders udev links them in (man 5 fstab, udev's 60-persistent-storage.rules).
+FSTAB_TAGS = {"UUID": "by-uuid", "LABEL": "by-label", "PARTUUID": "by-partuuid", "PARTLABEL": "by-partlabel"}
+
+
+def script_reads_swap(text):
+    """True when a zram-config script reads ``SWAP`` (``$SWAP``, ``${SWAP}``; ``$SWAP_ALGORITHM`` does not count)."""
+    return bool(re.search(r"\$\{?SWAP\b(?!_)", text or ""))
+
+
+def fstab_swap_specs(text):
+    """Return the first field of every swap line of an fstab text, active or commented out by llmtune."""
+    specs = []
+    for line in (text or "").splitlines():
+        if line.startswith(FSTAB_SWAP_MARK):
+            line = line[len(FSTAB_SWAP_MARK):]
+        if is_fstab_swap_line(line):
+            specs.append(line.split()[0])
+    return specs
+
+
+def fstab_device(spec):
+    """The path an fstab source names: ``UUID=x`` is ``/dev/disk/by-uuid/x`` (and so on), a path itself."""
+    tag, sep, value = spec.partition("=")
+    if sep and tag in FSTAB_TAGS:
+        return "/dev/disk/%s/%s" % (FSTAB_TAGS[tag], value.strip('"'))
+    return spec

@@ -14,13 +14,14 @@ import hashlib
 import json
 import re
 import shutil
+import subprocess
 import contextlib
 import os
 import warnings
 
 import cpu_topology
 import pytest
-from conftest import FIXTURES, ROOT, read, role_module
+from conftest import FIXTURES, ROOT, VENV_BIN, read, role_module
 
 from ansible.errors import AnsibleValueOmittedError
 from ansible.module_utils import _internal as module_utils_internal
@@ -167,6 +168,70 @@ def test_services_disabled_and_stopped(reboot_required, names):
         # a static unit (zram-generator's instance) cannot be disabled, only stopped
         with pytest.raises(AnsibleValueOmittedError):
             render(args["enabled"], item=loop[1], **variables)
+
+
+def run_boot_script(tmp_path, script, config):
+    """Run a zram-config boot SCRIPT (text) on CONFIG with logging stand-ins of zramctl, mkswap and swapon; the
+    commands it ran."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir(exist_ok=True)
+    log = tmp_path / "commands.log"
+    log.write_text("")
+    for name, body in (("zramctl", "echo /dev/zram1"), ("mkswap", ""), ("swapon", "")):
+        (bindir / name).write_text('#!/bin/sh\necho "%s $*" >> %s\n%s\n' % (name, log, body))
+        (bindir / name).chmod(0o755)
+    path = tmp_path / "armbian-zram-config.sh"
+    path.write_text(script.replace("/etc/default/armbian-zram-config", str(config)))
+    subprocess.run(["bash", str(path), "start"], env={"PATH": "%s:/usr/bin:/bin" % bindir}, check=True)
+    return log.read_text().splitlines()
+
+
+@pytest.mark.parametrize("reads_swap, key", [(True, "SWAP"), (False, "ENABLED")])
+def test_armbian_zram_config_stops_making_swap(tmp_path, reads_swap, key):
+    """Issue 39, input 1: the task's edit of /etc/default/armbian-zram-config, made by the real lineinfile module, and
+    the tree's stand-in of the boot script run on the file before and after (an older script reads no SWAP)."""
+    block = task(BOOT, "Keep the Armbian / Orange Pi zram-config scripts from making swap")
+    tsk = next(t for t in block["block"] if t["name"] == "Turn the zram-config scripts' swap off")
+    config = tmp_path / "armbian-zram-config"
+    config.write_text(read(TUNING, "armbian-zram", "etc", "default", "armbian-zram-config"))
+    script = read(TUNING, "armbian-zram", "usr", "lib", "armbian", "armbian-zram-config")
+    if not reads_swap:
+        script = "\n".join(line for line in script.splitlines() if "SWAP" not in line)
+    assert run_boot_script(tmp_path, script, config)[-1] == "swapon --priority 5 /dev/zram1"
+    args = render_tree(tsk["ansible.builtin.lineinfile"], item={"config": str(config), "reads_swap": reads_swap})
+    done = subprocess.run([os.path.join(VENV_BIN, "ansible"), "localhost", "-i", "localhost,", "-c", "local", "-m",
+                           "ansible.builtin.lineinfile", "-a", json.dumps(args),
+                           "-e", "ansible_python_interpreter=" + os.path.join(VENV_BIN, "python")],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout
+    assert key + "=false" in config.read_text().splitlines()
+    assert run_boot_script(tmp_path, script, config) == []
+
+
+def test_swap_areas_of_unknown_origin_fail_the_role_by_name():
+    find = task(BOOT, "Find what brings swap back at boot")["swap_sources"]
+    swaps = {"swaps": [{"filename": "/dev/zram1", "type": "partition", "size_kb": 1999868, "used_kb": 0, "priority": 5}]}
+    assert render(find["areas"], swap_off_result=swaps) == ["/dev/zram1"]
+    check = task(BOOT, "Fail on swap areas that nothing found sets up")["ansible.builtin.assert"]
+    found = {"swap_sources_result": {"unknown_origin": ["/dev/zram1"]}}
+    assert not condition(check["that"], **found)
+    assert render(check["fail_msg"], **found).startswith("swap: /dev/zram1 was on, and none of fstab, a swap unit file,")
+    assert condition(check["that"], swap_sources_result={"unknown_origin": []})
+
+
+def test_verify_names_the_swap_areas_nothing_known_makes():
+    rows = task("roles/swap/tasks/verify.yml", "Compare swap with the running kernel, the sysctl files and fstab")
+    expr = rows["tuning_drift"]["rows"]
+    zram = {"installed": True, "swap_units": []}
+    sources = {"origins_checked": True, "unknown_origin": ["/dev/zram1"]}
+    assert render(expr, swap_verify_zram=zram, swap_verify_sources=sources) == [
+        {"setting": "swap.zram_generator", "wanted": "no swap unit", "actual": "none", "status": "ok"},
+        {"setting": "swap.unknown_origin", "wanted": "none", "actual": "/dev/zram1", "status": "drift"}]
+    # Skipped (swap_disable false), or not checked (no systemd, a container): no rows.
+    skipped = {"skipped": True}
+    assert render(expr, swap_verify_zram=skipped, swap_verify_sources=skipped) == []
+    assert render(expr, swap_verify_zram={"installed": False},
+                  swap_verify_sources={"origins_checked": False, "unknown_origin": []}) == []
 
 
 DPHYS_100M = {"config": "/etc/dphys-swapfile", "swapsize": "100", "swapfile": "/var/swap",

@@ -90,16 +90,20 @@ def test_zram_generator_devices():
 @pytest.fixture(name="run_sources")
 def fixture_run_sources(tmp_path, monkeypatch, capsys):
     """Run swap_sources on a copy of a fixture tree, with a systemctl that prints the host's fixture output."""
-    def run(tree, args=None, systemctl_rc=0):
+    def run(tree, args=None, systemctl_rc=0, prepare=None):
         root = tmp_path / tree
         shutil.copytree(os.path.join(TUNING, tree), root, dirs_exist_ok=True)  # a test may add files first
+        if prepare:
+            prepare(root)
         bindir = tmp_path / "bin"
         bindir.mkdir(exist_ok=True)
         fake = bindir / "systemctl"
+        # `show` of the swap units (What=, FragmentPath=...) prints TREE.show-units, of the services TREE.show.
         fake.write_text('#!/bin/sh\necho "$@" >> "%s"\n[ %d = 0 ] || { echo "System has not been booted with '
-                        'systemd" >&2; exit 1; }\ncase "$1" in\n  list-units) cat "%s" ;;\n  show) cat "%s" ;;\nesac\n'
+                        'systemd" >&2; exit 1; }\ncase "$1 $2" in\n  list-units*) cat "%s" ;;\n'
+                        '  *What*) cat "%s" ;;\n  show*) cat "%s" ;;\nesac\n'
                         % (tmp_path / "systemctl.log", systemctl_rc, os.path.join(SYSTEMCTL, tree + ".list-units"),
-                           os.path.join(SYSTEMCTL, tree + ".show")))
+                           os.path.join(SYSTEMCTL, tree + ".show-units"), os.path.join(SYSTEMCTL, tree + ".show")))
         fake.chmod(0o755)
         monkeypatch.setenv("PATH", "%s:%s" % (bindir, os.environ["PATH"]))
         with patch_module_args(dict(args or {}, sysroot=str(root))):
@@ -129,7 +133,12 @@ def test_raspios_dphys_swapfile(run_sources, tmp_path):
     assert result["zram_generator"] == {"installed": False, "config_files": [], "devices": [], "mount_devices": []}
 
 
-def test_debian12_zram_generator(run_sources):
+def test_debian12_zram_generator(run_sources, tmp_path):
+    # udev's link of the fstab swap's UUID (the test adds it: a fixture tree holds no device nodes)
+    links = tmp_path / "debian12-zram" / "dev" / "disk" / "by-uuid"
+    links.mkdir(parents=True)
+    (links.parent.parent / "sda3").write_text("")
+    (links / "0b1c2d3e-4f50-6172-8394-a5b6c7d8e9f0").symlink_to("../../sda3")
     _root, result, calls = run_sources("debian12-zram")
     # the active zram device's setup service is asked for too
     assert calls[1].endswith("dphys-swapfile.service systemd-zram-setup@zram0.service")
@@ -139,6 +148,61 @@ def test_debian12_zram_generator(run_sources):
     assert result["dphys_swapfile"] is None
     assert result["zram_generator"] == {"installed": True, "config_files": ["/etc/systemd/zram-generator.conf"],
                                         "devices": ["zram0"], "mount_devices": []}
+    # /dev/sda3 is the fstab swap by UUID (the generated unit's What= resolves to it), zram0 zram-generator's.
+    assert calls[2].startswith("show --property=Id,What,FragmentPath,SourcePath,LoadState --no-pager dev-disk-by")
+    assert result["origins"] == [
+        {"filename": "/dev/sda3",
+         "origin": "dev-disk-by\\x2duuid-0b1c2d3e\\x2d4f50\\x2d6172\\x2d8394\\x2da5b6c7d8e9f0.swap"},
+        {"filename": "/dev/zram0", "origin": "dev-zram0.swap"}]
+    assert (result["unknown_origin"], result["origins_checked"]) == ([], True)
+
+
+def test_armbian_zram_swap_is_named_with_its_script(run_sources):
+    # Issue 39, input 1: an Orange Pi's Armbian, /dev/zram1 made by armbian-zram-config.service (mkswap, swapon -p 5);
+    # systemd's dev-zram1.swap only mirrors the active area (no unit file, no source).
+    _root, result, calls = run_sources("armbian-zram")
+    assert [u["unit"] for u in result["units"]] == ["dev-zram1.swap"] and result["services"] == []
+    assert result["zram_scripts"] == [{
+        "name": "armbian-zram-config", "service": "armbian-zram-config.service",
+        "config": "/etc/default/armbian-zram-config", "script": "/usr/lib/armbian/armbian-zram-config",
+        "config_exists": True, "enabled": "true", "swap": None, "reads_swap": True}]
+    assert result["origins"] == [{"filename": "/dev/zram1", "origin": "armbian-zram-config.service"}]
+    assert result["unknown_origin"] == []
+
+
+def test_a_swap_area_of_unknown_origin_is_named(run_sources):
+    # The same host had Armbian's script been unknown (its files gone here): nothing found makes /dev/zram1, and
+    # masking dev-zram1.swap does not stop whatever runs swapon at boot. The areas given are those swap_off saw.
+    def forget(root):
+        shutil.rmtree(root / "usr")
+        (root / "etc" / "default" / "armbian-zram-config").unlink()
+
+    _root, result, _calls = run_sources("armbian-zram", {"areas": ["/dev/zram1"]}, prepare=forget)
+    assert result["zram_scripts"] == []
+    assert result["origins"] == [{"filename": "/dev/zram1", "origin": None}]
+    assert (result["unknown_origin"], result["origins_checked"]) == (["/dev/zram1"], True)
+
+
+def test_a_script_that_does_not_read_swap_is_reported(run_sources):
+    # An older script: ENABLED is all it reads, so the role sets ENABLED=false there.
+    def older(root):
+        script = root / "usr" / "lib" / "armbian" / "armbian-zram-config"
+        script.write_text("\n".join(line for line in script.read_text().splitlines() if "SWAP" not in line))
+
+    _root, result, _calls = run_sources("armbian-zram", prepare=older)
+    assert result["zram_scripts"][0]["reads_swap"] is False
+    assert result["unknown_origin"] == []
+
+
+def test_origins_are_not_checked_in_a_container(run_sources):
+    # No CAP_SYS_ADMIN: the swap areas /proc/swaps shows are the host's.
+    def container(root):
+        (root / "proc" / "self").mkdir()
+        (root / "proc" / "self" / "status").write_text("Name:\tpython3\nCapEff:\t00000000a80425fb\n")
+
+    _root, result, _calls = run_sources("armbian-zram", prepare=container)
+    assert (result["origins_checked"], result["unknown_origin"]) == (False, [])
+    assert result["origins_note"] == "not checked: no CAP_SYS_ADMIN (a container), the swap areas are the host's"
 
 
 def test_zram_generator_drop_ins_are_read(tmp_path):
@@ -164,6 +228,7 @@ def test_without_systemd(run_sources):
     _root, result, calls = run_sources("debian12-zram", systemctl_rc=1)
     assert calls == ["list-units --type=swap --all --plain --no-legend --no-pager"]
     assert result["systemd"] is False and result["units"] == [] and result["services"] == []
+    assert (result["origins_checked"], result["unknown_origin"]) == (False, [])
     assert result["zram_generator"]["installed"] is True
 
 
