@@ -481,7 +481,8 @@ ansible_facts:
                   type: list
                   elements: int
                 threads:
-                  description: Thread count for that node.
+                  description: Thread count for that node; with a cgroup CPU quota, the engines of all nodes share
+                    it, each its part by cores (rounded down, at least 1).
                   type: int
                 memory_nodes:
                   description: NUMA nodes that engine binds its memory to, as C(memory_nodes) above.
@@ -1091,7 +1092,9 @@ def recommend(cores, usable, allowed, quota, isolation, use_isolated, numa_nodes
     per_node, notes = [], {}
     for node, cpus in sorted(by_node.items(), key=lambda item: (item[0] is None, item[0])):
         memory, notes[node] = memory_nodes(node, list(numa_nodes), mems)
-        per_node.append({"numa_node": node, "cpus": sorted(cpus), "threads": cap_threads(len(cpus), quota),
+        # One engine per node: the slice's quota is shared by all of them, each gets its share by cores.
+        share = quota * len(cpus) / len(picks) if quota is not None and len(by_node) > 1 else quota
+        per_node.append({"numa_node": node, "cpus": sorted(cpus), "threads": cap_threads(len(cpus), share),
                          "memory_nodes": memory})
     if not per_node:
         return {"cpus": [], "threads": 1, "numa_node": None, "memory_nodes": [], "per_node": [],
@@ -1117,15 +1120,16 @@ def recommend(cores, usable, allowed, quota, isolation, use_isolated, numa_nodes
               for e in per_node if e["memory_nodes"] and e["memory_nodes"] != [e["numa_node"]]]
     if len(per_node) > 1 and paired:
         reasons.append("one engine per node pairs %s" % ", ".join(paired))
-    if quota is not None and best["threads"] < len(best["cpus"]):
-        reasons.append("threads capped at %d by the cgroup CPU quota of %g CPUs" % (best["threads"], quota))
+    threads = cap_threads(len(best["cpus"]), quota)
+    if quota is not None and threads < len(best["cpus"]):
+        reasons.append("threads capped at %d by the cgroup CPU quota of %g CPUs" % (threads, quota))
     bind_threads = on_isolated and len(set(best["cpus"]).intersection(isolation["isolated"])) > 1
     if isolation_note:
         reasons.append(isolation_note)
     if bind_threads:
         reasons.append("the scheduler does not balance threads between isolated CPUs: bind each engine thread "
                        "to one CPU")
-    return {"cpus": best["cpus"], "threads": best["threads"], "numa_node": best["numa_node"],
+    return {"cpus": best["cpus"], "threads": threads, "numa_node": best["numa_node"],
             "memory_nodes": best["memory_nodes"], "reason": "; ".join(reasons), "per_node": per_node,
             "on_isolated": on_isolated, "bind_threads": bind_threads}
 

@@ -244,6 +244,15 @@ def test_memory_nodes_outside_the_service_cgroup_are_not_bound(tmp_path):
         "node pairs CPU node 0 with memory node 1")
 
 
+def test_engines_of_every_node_share_the_slice_quota(tmp_path):
+    # One engine per node runs each in system.slice: a quota of 3 CPUs there is all theirs together.
+    root = tree_with(tmp_path, "xeon-2socket", {"sys/fs/cgroup/system.slice/cpu.max": "300000 100000\n"})
+    recommended = cpu_topology.gather(root)["recommended"]
+    assert [(n["numa_node"], n["cpus"], n["threads"]) for n in recommended["per_node"]] == [(0, [0, 1], 1), (1, [2, 3], 1)]
+    # One engine alone (the single layout) may use the whole quota on its node's 2 cores.
+    assert (recommended["cpus"], recommended["threads"]) == ([0, 1], 2)
+
+
 def test_equally_near_memory_nodes_are_all_bound():
     nodes = [{"id": 0, "cpus": [], "memory_mb": 4096, "distances": [10, 40, 20, 20]},
              {"id": 1, "cpus": [0, 1], "memory_mb": 0, "distances": [40, 10, 40, 40]},
