@@ -12,7 +12,6 @@ template files, as the template action does.
 import base64
 import hashlib
 import json
-import re
 import shutil
 import subprocess
 import contextlib
