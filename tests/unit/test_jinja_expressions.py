@@ -1062,3 +1062,32 @@ def test_verify_gives_each_engine_its_rows():
     args = render_tree(tsk["tuning_drift"], **resolved)
     assert args["units"] == [] and [r["actual"] for r in args["rows"]] == [
         "no llm-inference@0.service or llm-inference@1.service"]
+
+
+WANTED = {"cpus": "0 1", "threads": 2, "size_mb": 1024}
+UNSETTLED = {"bandwidth_gb_s": 31.0, "probe": {"stable": False}, "wanted": WANTED}
+STORED_PROBE = {"bandwidth_gb_s": 32.4, "probe": {"stable": True}, "wanted": WANTED}
+
+
+@pytest.mark.parametrize("stored, in_play, remeasure, known", [
+    (None, None, False, {}),                       # nothing yet: probe
+    (STORED_PROBE, None, False, STORED_PROBE),     # stored for these CPUs and threads
+    (dict(STORED_PROBE, wanted=dict(WANTED, threads=1)), None, False, {}),  # stored for other threads: probe
+    (STORED_PROBE, None, True, {}),                # benchmark_remeasure_bandwidth: probe ...
+    (STORED_PROBE, STORED_PROBE, True, STORED_PROBE),  # ... once a run
+    # A busy host: the probe did not settle and was not stored; the auto-tune's next row uses it, not a new probe.
+    (None, UNSETTLED, False, UNSETTLED),
+    (STORED_PROBE, dict(UNSETTLED, wanted=dict(WANTED, cpus="0")), False, STORED_PROBE),
+])
+def test_bandwidth_is_probed_at_most_once_a_run(stored, in_play, remeasure, known):
+    tsk = task("roles/benchmark/tasks/bandwidth.yml", "Decide whether to probe")
+    found = {"content": base64.b64encode(json.dumps(stored).encode()).decode()} if stored else {}
+    variables = dict(__benchmark_bandwidth_file=found, benchmark_remeasure_bandwidth=remeasure,
+                     benchmark_roofline_cpus="0 1", benchmark_roofline_threads=2, benchmark_bandwidth_min_size_mb=1024,
+                     cpu_topology={"caches": {"l3": [{"size_kib": 32768}]}})
+    if in_play:
+        variables["benchmark_host_bandwidth"] = in_play
+    variables = task_vars(tsk, **variables)
+    # A dict var: Ansible renders each of its values.
+    variables["__wanted"] = render_tree(tsk["vars"]["__wanted"], **variables)
+    assert render(tsk["ansible.builtin.set_fact"]["__benchmark_bandwidth_known"], **variables) == known
