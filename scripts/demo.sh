@@ -41,3 +41,6 @@ took "wheelhouse and llama.cpp compile (one-off, from their start)" "$t"
 t=$SECONDS
 ansible-playbook site.yml -i inventory/local "$@"
 took "site.yml" "$t"
+# What is served and its gain (reports/summary.md), and where the auto-tune's table is.
+printf '\n== served (%s; the auto-tune: %s)\n' "$LLMTUNE_ROOT/reports/summary.md" "$LLMTUNE_ROOT/reports/llmtune-node-autotune.md"
+grep -E '^[|] (host|llmtune-node) ' "$LLMTUNE_ROOT/reports/summary.md" || true
