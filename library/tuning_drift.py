@@ -203,12 +203,11 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmtune_cmdline import (CmdlineError, effect_path, format_param, param_key, same_effect,
                                                   split_kernel_params)
+from ansible.module_utils.llmtune_drift import PENDING, STATUSES
 from ansible.module_utils.llmtune_sysctl import describe, overriding_assignments
 from ansible.module_utils.llmtune_sysfs import (has_capability, is_fstab_swap_line, kernel_value, parse_proc_swaps,
                                                 read_text, sysroot_path)
 
-PENDING = "pending reboot"
-STATUSES = ("ok", "drift", PENDING, "n/a")
 CAP_SYS_ADMIN = 21  # include/uapi/linux/capability.h; swapon(2)/swapoff(2) need it
 COLUMNS = ("setting", "wanted", "actual", "status")
 

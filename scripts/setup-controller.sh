@@ -72,4 +72,16 @@ if [ ! -x "$zram_root/lib/systemd/system-generators/zram-generator" ] &&
   rm -rf "$zram_debs"
 fi
 
+# Debian's prometheus-node-exporter for the metrics tests (tests/unit/test_metrics.py), which scrape the real textfile
+# collector: unpacked into the cache, not installed, so that no exporter service starts on the controller.
+node_exporter_root=$LLMTUNE_CACHE/prometheus-node-exporter
+if [ ! -x "$node_exporter_root/usr/bin/prometheus-node-exporter" ]; then
+  echo "== prometheus-node-exporter (unpacked for the metrics tests)"
+  exporter_debs=$(mktemp -d)
+  download() { (cd "$exporter_debs" && apt-get download -qq prometheus-node-exporter 2>/dev/null); }
+  download || { apt-get update -qq && download; }
+  for deb in "$exporter_debs"/*.deb; do dpkg -x "$deb" "$node_exporter_root"; done
+  rm -rf "$exporter_debs"
+fi
+
 ! $image || "$LLMTUNE_ROOT/scripts/build-node-image.sh"

@@ -55,6 +55,17 @@ def zram_generator():
     return None
 
 
+def node_exporter_program():
+    """Path of Debian's prometheus-node-exporter (installed, or unpacked into the cache by scripts/setup-controller.sh),
+    or None."""
+    cache = os.path.join(os.environ.get("LLMTUNE_CACHE", os.path.join(ROOT, ".cache")), "prometheus-node-exporter")
+    for base in ("/", cache):
+        path = os.path.join(base, "usr", "bin", "prometheus-node-exporter")
+        if os.access(path, os.X_OK):
+            return path
+    return None
+
+
 def read(*parts):
     """Text of the file at os.path.join(*PARTS)."""
     with open(os.path.join(*parts), encoding="utf-8") as handle:
