@@ -18,8 +18,9 @@ description:
     that it did not exist (a rollback then deletes it).
   - With O(packages), before a role installs them, records the ones not installed now (C(dpkg-query -W), see
     dpkg-query(1); else C(rpm -q), see rpm(8)) as installed by this project, with the packages apt would add for
-    them (C(apt-get -s install), see apt-get(8)); a rollback removes those, and only when nothing else needs them.
-    A package that was there before is never recorded.
+    them (C(apt-get -s install), see apt-get(8); without the recommended ones with O(install_recommends=false), as
+    the role installs them then); a rollback removes those, and only when nothing else needs them. A package that
+    was there before is never recorded.
   - With O(state=read), returns the whole state and changes nothing.
   - Supports check mode (reports what would be recorded, writes nothing) and diff.
 options:
@@ -45,6 +46,11 @@ options:
     description: Distribution package names about to be installed by a role.
     type: list
     elements: str
+  install_recommends:
+    description: Whether the role's install brings the packages' recommended packages too (apt's default); C(false)
+      for an install with C(install_recommends=false) (C(apt-get --no-install-recommends)).
+    type: bool
+    default: true
 notes:
   - A damaged (non-JSON) state file fails the task instead of being replaced.
 author: llmtune contributors
@@ -63,6 +69,11 @@ EXAMPLES = r"""
 - name: Record nginx as ours before installing it, unless it is there already
   tuning_state:
     packages: [nginx]
+
+- name: Record the node exporter as ours, installed without its recommended collectors
+  tuning_state:
+    packages: [prometheus-node-exporter]
+    install_recommends: false
 
 - name: Read the state for a drift check
   tuning_state:
@@ -117,14 +128,17 @@ def package_installed(module, name):
     module.fail_json(msg="tuning_state packages: neither dpkg-query nor rpm on this host")
 
 
-def packages_added(module, names):
+def packages_added(module, names, recommends=True):
     """The packages installing ``names`` (list of str) adds: those not installed, and on apt hosts the dependencies
-    apt would install with them (apt-get(8) -s install, its "Inst" lines). Where apt cannot tell (no apt-get, an
-    unknown name), the names alone: the install that follows fails on its own with apt's message."""
+    apt would install with them (apt-get(8) -s install, its "Inst" lines; with their recommended packages unless
+    ``recommends`` is false). Where apt cannot tell (no apt-get, an unknown name), the names alone: the install that
+    follows fails on its own with apt's message."""
     absent = [name for name in names if not package_installed(module, name)]
     apt_get = module.get_bin_path("apt-get")
     if absent and apt_get:
-        rc, out, _err = module.run_command([apt_get, "-s", "-q", "install"] + absent, environ_update={"LC_ALL": "C"})
+        flags = [] if recommends else ["--no-install-recommends"]
+        rc, out, _err = module.run_command([apt_get, "-s", "-q", "install"] + flags + absent,
+                                           environ_update={"LC_ALL": "C"})
         if rc == 0:
             return absent + re.findall(r"^Inst (\S+)", out, re.MULTILINE)
     return absent
@@ -139,6 +153,7 @@ def main():
             "original": {"type": "str"},
             "file": {"type": "path"},
             "packages": {"type": "list", "elements": "str"},
+            "install_recommends": {"type": "bool", "default": True},
         },
         required_if=[("state", "present", ("key", "file", "packages"), True)],
         required_together=[("key", "original")],
@@ -154,7 +169,8 @@ def main():
             label = params["key"]
             result = {}
         elif params["packages"] is not None:
-            recorded = record_packages(params["path"], packages_added(module, params["packages"]), module.check_mode)
+            added = packages_added(module, params["packages"], params["install_recommends"])
+            recorded = record_packages(params["path"], added, module.check_mode)
             changed, entry, label = bool(recorded), {}, "packages " + " ".join(recorded)
             result = {"packages": recorded}
         else:

@@ -129,3 +129,19 @@ def test_packages_recorded_with_the_dependencies_apt_adds(tmp_path, capsys):
         pytest.skip("cowsay installed here, or not in apt's index")
     result = run({"path": str(tmp_path / "state.json"), "packages": ["cowsay", "dpkg"]}, capsys, check_mode=True)
     assert result["packages"] == ["cowsay", "libtext-charwidth-perl"]
+
+
+def test_packages_installed_without_recommends_are_recorded_without_them(tmp_path, capsys):
+    # Debian's prometheus-node-exporter recommends prometheus-node-exporter-collectors (timers that would run beside
+    # the engine); the metrics role installs it without, and a rollback must not purge a collectors package the
+    # operator installed later.
+    names = ["prometheus-node-exporter", "prometheus-node-exporter-collectors"]
+    installed = subprocess.run(["dpkg-query", "-W", "-f=${Status}"] + names, capture_output=True, text=True).stdout
+    if "installed" in installed or subprocess.run(["apt-get", "-s", "-q", "install", names[0]],
+                                                  capture_output=True).returncode:
+        pytest.skip("the node exporter installed here, or not in apt's index")
+    plain = run({"path": str(tmp_path / "state.json"), "packages": names[:1]}, capsys, check_mode=True)
+    bare = run({"path": str(tmp_path / "state.json"), "packages": names[:1], "install_recommends": False}, capsys,
+               check_mode=True)
+    assert names[1] in plain["packages"]
+    assert bare["packages"] == names[:1]
