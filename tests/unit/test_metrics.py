@@ -1,6 +1,6 @@
-"""The fleet's scraper's view of a host: library/llmtune_metrics.py writes the host's llmtune files (recorded on the
-local node: tests/fixtures/metrics) for the real node exporter (Debian's prometheus-node-exporter 1.5, unpacked into
-the cache by scripts/setup-controller.sh) whose textfile collector serves them over HTTP, parsed with
+"""The fleet's scraper's view of a host: library/llmtune_metrics.py and roles/metrics write the host's llmtune files
+(recorded on the local node: tests/fixtures/metrics) for the real node exporter (Debian's prometheus-node-exporter 1.5,
+unpacked into the cache by scripts/setup-controller.sh) whose textfile collector serves them over HTTP, parsed with
 prometheus_client's text parser.
 """
 
@@ -15,7 +15,7 @@ import kernel_cmdline
 import llmtune_metrics
 import pytest
 import tuning_drift
-from conftest import FIXTURES, copy_tree, free_port, node_exporter_program, read
+from conftest import FIXTURES, ROOT, VENV_BIN, copy_tree, free_port, node_exporter_program, read
 from prometheus_client.parser import text_string_to_metric_families
 
 from ansible.module_utils.llmtune_metrics import timestamp
@@ -254,3 +254,45 @@ def test_a_damaged_file_fails_naming_it_and_writes_nothing(tmp_path, host, capsy
     result = run(dict(host, path=str(tmp_path / "llmtune.prom")), capsys)
     assert result["failed"] is True and result["msg"].startswith(f"llmtune_metrics: {host['validation_path']} is not JSON")
     assert not (tmp_path / "llmtune.prom").exists()
+
+
+# --- the role, as site.yml and playbooks/verify.yml run it ------------------------------------------------------
+
+def play(tmp_path, entry, variables, check=False):
+    """Run roles/metrics (tasks_from ENTRY) on this machine with VARIABLES; returns the recap's changed count."""
+    book = tmp_path / "play.yml"
+    book.write_text(json.dumps([{"hosts": "localhost", "gather_facts": False, "tasks": [
+        {"ansible.builtin.include_role": {"name": "metrics", "tasks_from": entry}}]}]))
+    cmd = [os.path.join(VENV_BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", str(book),
+           "-e", json.dumps(dict(variables, ansible_python_interpreter=os.path.join(VENV_BIN, "python")))]
+    done = subprocess.run(cmd + (["--check"] if check else []), cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg")), check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return int(done.stdout.rsplit("changed=", 1)[1].split()[0])
+
+
+@needs_exporter
+def test_the_role_writes_once_checks_the_exporter_and_exports_a_drift_check(exporter, host, tmp_path):
+    folder, url = exporter
+    variables = {"metrics_textfile": str(folder / "llmtune.prom"), "metrics_check_url": url,
+                 "metrics_state_path": host["state_path"], "benchmark_baseline_path": host["baseline_path"],
+                 "benchmark_validation_path": host["validation_path"], "autotune_state_path": host["autotune_path"]}
+    assert play(tmp_path, "main", variables, check=True) == 1
+    assert not (folder / "llmtune.prom").exists()
+    assert [play(tmp_path, "main", variables), play(tmp_path, "main", variables)] == [1, 0]
+    rows = [{"setting": "thp.enabled", "wanted": "madvise", "actual": "always", "status": "drift", "reason": ""}]
+    # An output of every check, as the reports: never a change.
+    assert play(tmp_path, "drift", dict(variables, metrics_drift_rows=rows)) == 0
+    samples, _types = scrape(url)
+    assert labelled(samples, "llmtune_drift_setting_status") == [{"setting": "thp.enabled", "status": "drift"}]
+    assert value(samples, "llmtune_benchmark_decode_tokens_per_second", run="validation") == 24.773
+    # llmtune_autotune=false: the service is pinned by variables, not the stored choice.
+    play(tmp_path, "main", dict(variables, llmtune_autotune=False))
+    samples, _types = scrape(url)
+    assert value(samples, "llmtune_source_present", source="autotune") == 0 and not labelled(samples, "llmtune_stack_info")
+
+
+def test_the_role_writes_nothing_without_a_textfile_folder(tmp_path, host):
+    variables = {"metrics_textfile": str(tmp_path / "absent" / "llmtune.prom"), "metrics_state_path": host["state_path"]}
+    assert play(tmp_path, "main", variables) == 0
+    assert not (tmp_path / "absent").exists()

@@ -67,6 +67,9 @@ CASES = [
     ({"inference_service_threads": "abc"}, "inference_service_threads"),
     # The auto-tune stage deployed llama-server --parallel 0 and showed it only as a failed row.
     ({"autotune_parallel": [0]}, "autotune_parallel must be a list of slot counts >= 1 (got [0])"),
+    # The node exporter's textfile collector reads only *.prom files: metrics written elsewhere reach no scraper.
+    ({"metrics_textfile": "/var/lib/prometheus/node-exporter/llmtune.txt"},
+     "metrics_textfile must be an absolute path of a .prom file"),
     ({"llmtune_autotune": "maybe"}, "llmtune_autotune is 'maybe'"),
     ({"llmtune_on_failure": "reboot"}, "llmtune_on_failure is 'reboot'"),
 ]
