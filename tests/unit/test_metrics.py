@@ -1,15 +1,19 @@
 """The fleet's scraper's view of a host: library/llmtune_metrics.py and roles/metrics write the host's llmtune files
 (recorded on the local node: tests/fixtures/metrics) for the real node exporter (Debian's prometheus-node-exporter 1.5,
 unpacked into the cache by scripts/setup-controller.sh) whose textfile collector serves them over HTTP, parsed with
-prometheus_client's text parser.
+prometheus_client's text parser; and the engines' own metrics (llama-server --metrics, recorded) through the proxy's
+nginx site with the API key.
 """
 
 import json
 import os
 import shutil
 import subprocess
+import threading
 import time
+import urllib.error
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import kernel_cmdline
 import llmtune_metrics
@@ -296,3 +300,129 @@ def test_the_role_writes_nothing_without_a_textfile_folder(tmp_path, host):
     variables = {"metrics_textfile": str(tmp_path / "absent" / "llmtune.prom"), "metrics_state_path": host["state_path"]}
     assert play(tmp_path, "main", variables) == 0
     assert not (tmp_path / "absent").exists()
+
+
+# --- the engines' own metrics through nginx ------------------------------------------------------------------
+
+CLIENT_KEY = "client-key-0123456789abcdefABCDEF+/"
+ENGINE_KEY = "engine-key-0123456789abcdefghijklmnop"
+# llama-server 0.3.36 (--metrics, --api-key-file) after one chat completion, GET /metrics with its key.
+LLAMA_METRICS = read(FIXTURES, "metrics", "llama-server-metrics.txt")
+
+
+def fake_engine(index, seen):
+    """An HTTP server answering /metrics as llama-server does: its recorded metrics for ENGINE_KEY (engine INDEX's
+    tokens_predicted_total is 1000 * INDEX + 4), 401 otherwise; SEEN collects (index, Authorization) of each request."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (http.server's name)
+            seen.append((index, self.headers.get("Authorization")))
+            if self.path != "/metrics":
+                self.send_error(404)
+                return
+            ok = self.headers.get("Authorization") == f"Bearer {ENGINE_KEY}"
+            body = (LLAMA_METRICS.replace("llamacpp:tokens_predicted_total 4",
+                                          f"llamacpp:tokens_predicted_total {1000 * index + 4}") if ok else
+                    '{"error":{"message":"Invalid API Key","type":"authentication_error","code":401}}').encode()
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Type", "text/plain; version=0.0.4" if ok else "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+@pytest.fixture(name="proxy", scope="module")
+def fixture_proxy(tmp_path_factory):
+    """The role's nginx site in front of two engines (inference_service_layout per_node); yields (port, seen)."""
+    from test_proxy_nginx import NGINX_ROOT, render
+    if not os.path.exists(os.path.join(NGINX_ROOT, "usr", "sbin", "nginx")):
+        pytest.skip("nginx is not unpacked in the cache (scripts/setup-controller.sh)")
+    seen = []
+    engines = [fake_engine(index, seen) for index in range(2)]
+    prefix = tmp_path_factory.mktemp("nginx")
+    port = free_port()
+    variables = {"inference_proxy_name": "llm-test", "inference_proxy_listen": "127.0.0.1", "inference_proxy_port": port,
+                 "inference_proxy_api_key": CLIENT_KEY, "inference_proxy_extra_api_keys": [],
+                 "inference_proxy_backends": [f"127.0.0.1:{engine.server_port}" for engine in engines],
+                 "inference_proxy_max_concurrent": 4, "inference_proxy_max_body_size": "256k",
+                 "inference_proxy_read_timeout": 60, "inference_proxy_upstream_keepalive_timeout": 4,
+                 "inference_proxy_request_checks": True, "inference_proxy_max_output_tokens": 16,
+                 "inference_proxy_backend_api_key": ENGINE_KEY,
+                 "inference_proxy_access_log": str(prefix / "access.log"),
+                 "__inference_proxy_key_file": str(prefix / "key.conf"),
+                 "__inference_proxy_backend_auth_file": str(prefix / "backend-auth.conf"),
+                 "__inference_proxy_checks_file": os.path.join(ROOT, "roles", "inference_proxy", "files",
+                                                               "openai-requests.js")}
+    for template, dest in (("key.conf.j2", "key.conf"), ("backend-auth.conf.j2", "backend-auth.conf"),
+                           ("proxy.conf.j2", "site.conf")):
+        render(template, prefix / dest, variables)
+    temp = " ".join(f"{name}_temp_path {prefix}/{name};" for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    module = os.path.join(NGINX_ROOT, "usr", "lib", "nginx", "modules", "ngx_http_js_module.so")
+    (prefix / "nginx.conf").write_text(f"load_module {module};\npid {prefix}/nginx.pid;\nevents {{}}\n"
+                                       f"http {{ access_log off; {temp} include {prefix}/site.conf; }}\n")
+    proc = subprocess.Popen([os.path.join(NGINX_ROOT, "usr", "sbin", "nginx"), "-p", str(prefix), "-c",
+                             str(prefix / "nginx.conf"), "-e", str(prefix / "error.log"),
+                             "-g", "daemon off; worker_processes 1;"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while status(port, "/metrics", None) == 0:
+            assert proc.poll() is None, read(prefix / "error.log")
+            assert time.monotonic() < deadline, "nginx not answering in 30 s"
+            time.sleep(0.1)
+        yield port, seen
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        for engine in engines:
+            engine.shutdown()
+
+
+def status(port, path, key):
+    """HTTP status of GET PATH with KEY as bearer token (None: no header); 0 when nginx does not answer."""
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}",
+                                     headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as resp:
+            return resp.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return 0
+
+
+def test_each_engines_metrics_reach_the_scraper_with_the_key(proxy):
+    port, seen = proxy
+    bearer = {"Authorization": f"Bearer {CLIENT_KEY}"}
+    for index in (0, 1):
+        seen.clear()
+        samples, types = scrape(f"http://127.0.0.1:{port}/metrics/{index}", bearer)
+        assert value(samples, "llamacpp:tokens_predicted_total") == 1000 * index + 4
+        assert types["llamacpp:tokens_predicted"] == "counter"
+        # The engine gets its own key; the client's stays with nginx.
+        assert seen == [(index, f"Bearer {ENGINE_KEY}")]
+    # /metrics is always the first engine's: a scrape that hopped between engines would make counters jump.
+    assert {value(scrape(f"http://127.0.0.1:{port}/metrics", bearer)[0], "llamacpp:tokens_predicted_total")
+            for _ in range(4)} == {4}
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/metrics/0", "/metrics/1"])
+@pytest.mark.parametrize("key", [None, CLIENT_KEY[:-1], ENGINE_KEY])
+def test_metrics_without_the_client_key_get_401_before_any_engine(proxy, path, key):
+    port, seen = proxy
+    seen.clear()
+    assert status(port, path, key) == 401
+    assert seen == []
+
+
+def test_no_metrics_of_an_engine_that_is_not_there(proxy):
+    port, seen = proxy
+    seen.clear()
+    assert status(port, "/metrics/2", CLIENT_KEY) == 404
+    assert seen == []
