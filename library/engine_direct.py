@@ -151,52 +151,23 @@ msg:
   sample: "not enough memory for the twin beside the service: VmRSS 7901 MiB + margin 512 MiB > MemAvailable 6120 MiB"
 """
 
-import grp
 import http.client
 import os
-import pwd
-import shlex
-import re
 import signal
 import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmtune_sysfs import parse_cpu_list
-from ansible.module_utils.llmtune_systemd import find_systemd_run, scope_argv
+from ansible.module_utils.llmtune_systemd import (SHOW_PROPERTIES, UnitError, exec_argv, expand,  # noqa: F401
+                                                  find_systemd_run, parse_show, scope_argv, unit_command,
+                                                  unit_process)
 
 # Default folders of the twins' PID files and logs, a file per unit.
 PID_DIR = "/run/llmtune/engine-direct"
 LOG_DIR = "/var/lib/llmtune/engine-direct"
-SHOW_PROPERTIES = ("ExecStart", "Environment", "User", "Group", "CPUAffinity", "NUMAPolicy", "NUMAMask", "MainPID",
-                   "Slice")
 
-
-class DirectError(Exception):
-    """The twin cannot be started or stopped; the message is one line for the task output."""
-
-
-def parse_show(text):
-    """{property: value} of `systemctl show -p ...` output (one NAME=VALUE line each)."""
-    values = {}
-    for line in text.splitlines():
-        name, sep, value = line.partition("=")
-        if sep:
-            values[name] = value
-    return values
-
-
-def exec_argv(exec_start):
-    """argv of a `systemctl show` ExecStart value: `{ path=... ; argv[]=ARG ARG ... ; ignore_errors=no ; ... }`.
-
-    systemd prints each argument C-escaped and separated by spaces (systemd.syntax(7)); shlex splits it.
-    """
-    marker = "argv[]="
-    start = exec_start.find(marker)
-    if start < 0:
-        raise DirectError(f"no command in ExecStart={exec_start!r}")
-    end = exec_start.find(" ; ", start)
-    return shlex.split(exec_start[start + len(marker):end if end >= 0 else None])
+# The twin cannot be started or stopped (a unit's command that cannot be read or run is one such case).
+DirectError = UnitError
 
 
 def with_port(argv, port):
@@ -212,34 +183,11 @@ def with_port(argv, port):
     return out
 
 
-def expand(argv, env):
-    """ARGV with the unit's environment variables substituted as systemd does when it starts the command.
-
-    systemd.service(5), Command lines: ``${FOO}`` (a word or part of one) becomes FOO's value as one argument;
-    ``$FOO`` as a word of its own becomes FOO's value split at whitespace (zero or more arguments); ``$$`` is ``$``.
-    A template unit's instances take their port and threads so (inference_service layout per_node).
-    """
-    out = []
-    for arg in argv:
-        whole = re.fullmatch(r"\$([A-Za-z_][A-Za-z0-9_]*)", arg)
-        if whole:
-            out.extend(env.get(whole.group(1), "").split())
-            continue
-        out.append(re.sub(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)\}",
-                          lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), ""), arg))
-    return out
-
-
 def twin_spec(show, port):
-    """What to run: (argv, environment additions, user, group, CPUs or None) from parsed `systemctl show`."""
-    if not show.get("ExecStart"):
-        raise DirectError("the unit has no ExecStart (is it installed?)")
-    env = dict(item.split("=", 1) for item in shlex.split(show.get("Environment", "")) if "=" in item)
-    argv = with_port(expand(exec_argv(show["ExecStart"]), env), port)
-    cpus = parse_cpu_list(",".join(show.get("CPUAffinity", "").split())) or None
-    if show.get("NUMAPolicy") and show["NUMAPolicy"] not in ("default", "n/a") and show.get("NUMAMask"):
-        argv = ["numactl", "--membind=" + ",".join(show["NUMAMask"].split())] + argv
-    return argv, env, show.get("User") or "root", show.get("Group") or "", cpus
+    """What to run: (argv, environment additions, user, group, CPUs or None) from parsed `systemctl show`, the
+    unit's command with its --port on PORT."""
+    argv, env, user, group, cpus = unit_command(show)
+    return with_port(argv, port), env, user, group, cpus
 
 
 def kib_field(path, name):
@@ -330,24 +278,8 @@ def start(params, show, systemd_run=None):
     With ``systemd_run`` (its path) the twin runs in a scope of the unit's slice, and systemd-run switches user.
     """
     argv, env_add, user, group, cpus = twin_spec(show, params["port"])
-    try:
-        account = pwd.getpwnam(user)
-        gid = grp.getgrnam(group).gr_gid if group else account.pw_gid
-    except KeyError as error:
-        raise DirectError(f"unknown user or group of the unit: {error}") from error
-    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": account.pw_dir, "USER": user, "LANG": "C.UTF-8"}
-    env.update(env_add)
     in_slice = show.get("Slice") if systemd_run else None
-    run_argv = scope_argv(argv, in_slice, user, gid, systemd_run)
-
-    def become():
-        if cpus:
-            os.sched_setaffinity(0, cpus)
-        if in_slice:
-            return
-        os.setgid(gid)
-        os.initgroups(user, gid)
-        os.setuid(account.pw_uid)
+    run_argv, env, become = unit_process(argv, env_add, user, group, cpus, in_slice, systemd_run)
 
     for path in (params["log_path"], params["pid_file"]):
         os.makedirs(os.path.dirname(path), exist_ok=True)
