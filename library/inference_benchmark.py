@@ -573,7 +573,6 @@ host_state:
 """
 
 import datetime
-import fcntl
 import http.client
 import json
 import os
@@ -584,6 +583,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmtune_lock import LockError, hold_lock
 from ansible.module_utils.llmtune_state import load_state, write_atomic
 from ansible.module_utils.llmtune_sysfs import parse_bracketed, read_text
 
@@ -777,42 +777,6 @@ def settle(pids, busy_limit, timeout):
         waited = time.monotonic() - start
         if not is_noisy(split, busy_limit) or waited >= timeout:
             return split, round(waited, 1)
-
-
-def hold_lock(path, timeout):
-    """Take an exclusive flock(2) on PATH, waiting at most TIMEOUT s for another benchmark to release it.
-
-    Returns (the open file, which holds the lock until closed, or None for an empty PATH; seconds waited). Writes
-    this process's PID into the file. Raises BenchmarkError when the lock is still held after TIMEOUT s, or when
-    PATH cannot be opened.
-    """
-    if not path:
-        return None, 0.0
-    start = time.monotonic()
-    try:
-        folder = os.path.dirname(path) or "."
-        if not os.path.isdir(folder):
-            os.makedirs(folder, mode=0o700)
-        lock = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600), "r+", encoding="ascii")
-    except OSError as error:
-        raise BenchmarkError(f"cannot open the benchmark lock {path}: {error}") from error
-    while True:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except BlockingIOError:
-            if time.monotonic() - start >= timeout:
-                lock.seek(0)
-                holder = lock.read().strip() or "unknown"
-                lock.close()
-                raise BenchmarkError(f"another benchmark (PID {holder}) still holds {path} after {timeout:g} s: "
-                                     "figures taken beside it would not hold") from None
-            time.sleep(0.5)
-    lock.seek(0)
-    lock.truncate()
-    lock.write(f"{os.getpid()}\n")
-    lock.flush()
-    return lock, round(time.monotonic() - start, 1)
 
 
 def roofline(decode_tokens_per_s, upper_bound):
@@ -1222,7 +1186,7 @@ def run(params, check_mode=False):
             _endpoint(endpoint)
         model = params["model"] or first_model(url, params["api_key"], params["timeout"])
         lock, lock_waited = hold_lock(params["lock_path"], params["lock_timeout"])
-    except BenchmarkError as error:
+    except (BenchmarkError, LockError) as error:
         return result, str(error), warnings
     try:
         return measure(params, url, model, result, warnings, lock_waited)
