@@ -583,6 +583,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmtune_cpuload import cpu_sample, cpu_split, is_noisy
 from ansible.module_utils.llmtune_lock import LockError, hold_lock
 from ansible.module_utils.llmtune_state import load_state, write_atomic
 from ansible.module_utils.llmtune_sysfs import parse_bracketed, read_text
@@ -652,13 +653,10 @@ SYNTHETIC_WORDS = (
 ).split()
 
 PERCENTILE_METHOD = "statistics.quantiles(n=100, method='inclusive')"
-# Steal time above this percent of all CPU time marks a level noisy: the hypervisor ran other guests on our CPUs.
-STEAL_LIMIT_PERCENT = 5.0
 # Share of a level's prompt tokens the engine may reuse from its cache before TTFT counts as a cache hit: above
 # the chat template's opening that every request shares.
 CACHED_PROMPT_SHARE = 0.05
 SETTLE_WINDOW_S = 2.0
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # Summary figures with a gain: for latencies lower is better (gain baseline/new), for rates higher (new/baseline).
 LATENCY_FIGURES = ("ttft_ms_p50", "ttft_ms_p95", "itl_ms_p50", "tpot_ms_p50", "e2e_ms_p50")
 RATE_FIGURES = ("decode_tokens_per_s", "decode_tokens_per_s_mean", "output_tokens_per_s", "requests_per_s")
@@ -718,50 +716,6 @@ def prompt_for(params, index):
     text = prompts[position] if rounds == 0 else f"({rounds + 1}) {prompts[position]}"
     # No bracket or other character before the words: it would be one more token shared by every request.
     return f"{run_tag(seed, index)}. {text}" if seed else text
-
-
-def process_cpu_s(pid):
-    """utime + stime of process PID in seconds, all its threads (fields 14 and 15 of /proc/PID/stat, proc(5));
-    None when it is gone or unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def cpu_sample(pids):
-    """CPU counters now: host busy and steal seconds (/proc/stat), engine and own CPU seconds.
-
-    /proc/stat's first line sums all CPUs in clock ticks: user nice system idle iowait irq softirq steal
-    (guest time is already inside user, proc(5)). The engine's CPU time sums the processes PIDS (a
-    service and its twin); None when there are none or one is gone.
-    """
-    with open("/proc/stat", encoding="ascii") as handle:
-        ticks = [int(x) for x in handle.readline().split()[1:9]]
-    ticks += [0] * (8 - len(ticks))
-    engines = [process_cpu_s(pid) for pid in pids]
-    engine = sum(engines) if engines and None not in engines else None
-    own = os.times()
-    return {"wall": time.monotonic(), "busy": (sum(ticks) - ticks[3] - ticks[4] - ticks[7]) / CLOCK_TICKS,
-            "steal": ticks[7], "total": sum(ticks), "engine": engine, "own": own.user + own.system}
-
-
-def cpu_split(before, after):
-    """CPUs busy between two cpu_sample()s: engine, benchmark, other (the rest) and steal percent."""
-    wall = max(after["wall"] - before["wall"], 1e-9)
-    engine = (after["engine"] - before["engine"]) / wall if None not in (before["engine"], after["engine"]) else None
-    own = (after["own"] - before["own"]) / wall
-    busy = (after["busy"] - before["busy"]) / wall
-    return {"engine": round(engine, 3) if engine is not None else None, "benchmark": round(own, 3),
-            "other": round(max(0.0, busy - (engine or 0.0) - own), 3),
-            "steal_percent": round(100.0 * (after["steal"] - before["steal"]) / max(after["total"] - before["total"], 1), 2)}
-
-
-def is_noisy(split, busy_limit):
-    """True when other processes or the hypervisor took CPU time that the measurement needed."""
-    return split["other"] > busy_limit or split["steal_percent"] > STEAL_LIMIT_PERCENT
 
 
 def settle(pids, busy_limit, timeout):
