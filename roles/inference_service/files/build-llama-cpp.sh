@@ -58,10 +58,10 @@ cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_L
   '-DCMAKE_INSTALL_RPATH=$ORIGIN' -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON \
   "-DCMAKE_PROJECT_INCLUDE=$(cd "$(dirname "$0")" && pwd)/llama-cpp-opt-level.cmake" "$@" >"$build.cmake.log" 2>&1 || { tail -n 30 "$build.cmake.log" >&2; exit 1; }
 # ggml depends on every CPU backend module (a MODULE library the programs do not link).
-cmake --build "$build" --target llama-server llama-bench llama-quantize ggml >"$build.build.log" 2>&1 ||
+cmake --build "$build" --target llama-server llama-bench llama-batched-bench llama-quantize ggml >"$build.build.log" 2>&1 ||
   { tail -n 30 "$build.build.log" >&2; exit 1; }
 cd "$build/bin"
 printf 'cmake arguments: %s\nCPU variants: %s\npatches:%s\ncompile seconds: %s\n' "$*" "$variants" "$patches" \
   $(($(date +%s) - start)) >build-info.txt
 # build-info.txt last: hosts take its presence for a whole unpack.
-tar -cf "$ONCE_PART" llama-server llama-bench llama-quantize lib*.so* build-info.txt
+tar -cf "$ONCE_PART" llama-server llama-bench llama-batched-bench llama-quantize lib*.so* build-info.txt
