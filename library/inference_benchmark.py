@@ -41,6 +41,13 @@ description:
     which steal time (a hypervisor running other guests on these CPUs) exceeded 5 %, is marked C(noisy).
   - Percentiles are Python C(statistics.quantiles) with C(n=100) and C(method="inclusive"), the linear interpolation
     between closest ranks that C(numpy.percentile) uses by default; one value is its own percentile.
+  - With O(capacity), the levels are a sweep instead of O(concurrency), 1, 2, 4, ... streams, each a closed loop (a
+    stream sends its next request when its last one ended) of max(2 x streams, O(capacity_min_requests)) requests,
+    until a level breaks a target (O(target_ttft_p95_ms), O(target_itl_p95_ms) for the p95 of TTFT and of the gaps
+    between tokens) or has a failed request, or O(capacity_max_concurrency) or O(capacity_time_limit) is reached.
+    RV(capacity) is the highest concurrency whose level met both targets, with its goodput, the output tokens/s of
+    the requests that met both (DistServe, Zhong et al., OSDI 2024, measures serving by such goodput; vLLM's
+    C(vllm bench serve) and NVIDIA's AIPerf count it in requests/s).
   - Also records the load average (C(os.getloadavg)) before and after. On a small machine another busy
     process lowers decode speed more than any tuning changes it (measured on 2 vCPUs, 3-4x slower decode).
   - Never changes the host, so C(changed) is always false, also when O(report_path) is written (the report
@@ -120,6 +127,7 @@ options:
     description:
       - Concurrency levels to run, each with O(requests) requests and that many requests in flight.
       - RV(summary) uses level 1 (or the lowest level when 1 is not listed).
+      - Not used with O(capacity), whose sweep chooses the levels.
     type: list
     elements: int
     default: [1]
@@ -156,6 +164,42 @@ options:
     type: list
     elements: int
     default: []
+  capacity:
+    description:
+      - Sweep the concurrency for the service's capacity at O(target_ttft_p95_ms) and O(target_itl_p95_ms) (see the
+        description) instead of running O(concurrency) with O(requests) each. Not with O(twin_url), as the sweep's
+        closed loop has no paired rounds.
+      - Every level is reported in RV(levels) with its goodput and verdict; a level whose requests all failed fails
+        the task only when it is the first.
+    type: bool
+    default: false
+  target_ttft_p95_ms:
+    description:
+      - With O(capacity), the most milliseconds the p95 of a level's TTFT may take, and one request's TTFT for its
+        output tokens to count as goodput. Needed with O(capacity).
+    type: float
+  target_itl_p95_ms:
+    description:
+      - With O(capacity), the most milliseconds the p95 of a level's inter-token latencies (the gaps between content
+        deltas of all its requests) may take, and the p95 of one request's own gaps for its output tokens to count
+        as goodput. Needed with O(capacity).
+    type: float
+  capacity_max_concurrency:
+    description:
+      - With O(capacity), the most streams a level has; the sweep ends after the largest power of two up to it.
+    type: int
+    default: 64
+  capacity_min_requests:
+    description:
+      - With O(capacity), the fewest requests of a level (at least twice its streams), enough for a p95 of TTFT.
+    type: int
+    default: 20
+  capacity_time_limit:
+    description:
+      - With O(capacity), seconds the sweep may take. No level starts that would end after it, estimated from the
+        previous level's requests/s; a level started runs to its end.
+    type: float
+    default: 600
   twin_url:
     description:
       - Base URL of a second server to compare with the first, request by request; meant for the same engine and
@@ -298,6 +342,17 @@ EXAMPLES = r"""
       decode_tokens_per_s: 0.9
       ttft_ms_p50: 0.8
     report_path: /var/lib/llmtune/bench/tuned.json
+
+- name: How many streams the service serves within 2 s TTFT p95 and 100 ms ITL p95
+  inference_benchmark:
+    prompt_tokens: 128
+    max_tokens: 32
+    ignore_eos: true
+    capacity: true
+    target_ttft_p95_ms: 2000
+    target_itl_p95_ms: 100
+    capacity_time_limit: 300
+  register: capacity
 
 - name: Smoke test with own prompts
   inference_benchmark:
@@ -459,15 +514,76 @@ levels:
       type: float
     samples:
       description: Per successful request, in start order, C(ttft_ms), C(e2e_ms), C(output_tokens),
-        C(decode_tokens_per_s).
+        C(decode_tokens_per_s) and C(itl_ms_p95), the p95 of its own inter-token gaps (null with one token).
       type: list
       elements: dict
+    goodput_tokens_per_s:
+      description: With O(capacity), output tokens of the requests that met both targets per second of the level.
+      returned: with O(capacity)
+      type: float
+    requests_within_targets:
+      description: With O(capacity), the requests that met both targets.
+      returned: with O(capacity)
+      type: int
+    meets_targets:
+      description: With O(capacity), true when the level's TTFT p95 and ITL p95 are within the targets and no
+        request failed.
+      returned: with O(capacity)
+      type: bool
+    broken:
+      description: With O(capacity), what the level missed (a p95 above its target, failed requests); empty when it
+        met both.
+      returned: with O(capacity)
+      type: list
+      elements: str
+    remeasured:
+      description: With O(capacity), true for a level measured a second time because it broke a target while noisy
+        (the second measurement is the one reported).
+      returned: with O(capacity) and a level measured again
+      type: bool
     engines:
       description: With O(more_urls), each engine's share of the level, O(url) first; C(url), C(requests),
         C(errors), C(output_tokens), C(ttft_ms_p50), C(decode_tokens_per_s_p50) (null without successes).
       returned: with O(more_urls)
       type: list
       elements: dict
+capacity:
+  description: With O(capacity), the sweep's answer.
+  returned: with O(capacity)
+  type: dict
+  contains:
+    targets:
+      description: C(ttft_p95_ms) and C(itl_p95_ms), the targets.
+      type: dict
+    concurrency:
+      description: The highest number of streams whose level met both targets with no failed request; 0 when even
+        one stream missed them.
+      type: int
+    goodput_tokens_per_s:
+      description: Goodput of that level (0 without one).
+      type: float
+    output_tokens_per_s:
+      description: Aggregate output tokens/s of that level (0 without one).
+      type: float
+    levels:
+      description: The streams of every level measured, in order.
+      type: list
+      elements: int
+    stopped:
+      description: Why the sweep ended (the target broken and at how many streams, the most streams, or the time
+        limit).
+      type: str
+    elapsed_s:
+      description: Seconds the sweep took.
+      type: float
+  sample:
+    targets: {ttft_p95_ms: 2000, itl_p95_ms: 100}
+    concurrency: 4
+    goodput_tokens_per_s: 58.2
+    output_tokens_per_s: 60.1
+    levels: [1, 2, 4, 8]
+    stopped: "TTFT p95 2710.2 ms > 2000 ms at 8 streams"
+    elapsed_s: 141.3
 summary:
   description: Figures of concurrency level 1 (or the lowest level), flat, for comparison across runs.
   returned: success
@@ -583,6 +699,7 @@ import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmtune_capacity import capacity_of, judge_level, level_requests, next_level
 from ansible.module_utils.llmtune_cpuload import cpu_sample, cpu_split, is_noisy
 from ansible.module_utils.llmtune_lock import LockError, hold_lock
 from ansible.module_utils.llmtune_state import load_state, write_atomic
@@ -898,6 +1015,29 @@ def run_level(urls, model, params, concurrency, first_index):
     return level
 
 
+def run_capacity(urls, model, params, first_index):
+    """The capacity sweep (O(capacity)): levels of doubling streams from prompt FIRST_INDEX on until one breaks a
+    target (module_utils/llmtune_capacity.py decides each step). Returns (levels, RV(capacity))."""
+    targets = {"ttft_p95_ms": params["target_ttft_p95_ms"], "itl_p95_ms": params["target_itl_p95_ms"]}
+    levels, index, start = [], first_index, time.monotonic()
+    while True:
+        concurrency, again, stopped = next_level(levels, params["capacity_max_concurrency"],
+                                                 params["capacity_min_requests"], time.monotonic() - start,
+                                                 params["capacity_time_limit"])
+        if concurrency is None:
+            break
+        requests = level_requests(concurrency, params["capacity_min_requests"])
+        level = run_level(urls, model, dict(params, requests=requests), concurrency, index)
+        index += requests
+        level.update(judge_level(level, targets))
+        if again:
+            level["remeasured"] = True
+            levels[-1] = level
+        else:
+            levels.append(level)
+    return levels, capacity_of(levels, targets, stopped, time.monotonic() - start)
+
+
 def run_paired_level(sides, model, params, concurrency, first_index):
     """The level of run_level on two sides SIDES (the service's engines, their twins, in the same order) in rounds of
     CONCURRENCY requests, each round's prompts sent to one side and then the other, the first swapped every round;
@@ -988,8 +1128,9 @@ def level_figures(results, wall, cpu, concurrency, params):
         "output_tokens_per_s": round(output_tokens / wall, 3),
         "requests_per_s": round(len(ok) / wall, 3),
         "token_sources": sorted({r["token_source"] for r in ok}),
-        "samples": [{key: (round(r[key], 3) if isinstance(r.get(key), float) else r.get(key))
-                     for key in ("ttft_ms", "e2e_ms", "output_tokens", "decode_tokens_per_s")} for r in ok],
+        "samples": [dict({key: (round(r[key], 3) if isinstance(r.get(key), float) else r.get(key))
+                          for key in ("ttft_ms", "e2e_ms", "output_tokens", "decode_tokens_per_s")},
+                         itl_ms_p95=percentiles(r["itl_ms"], (95,))["p95"]) for r in ok],
     }
 
 
@@ -1055,6 +1196,10 @@ def check_options(params):
             return f"{pids}: at most one PID >= 0 per engine of {urls}"
     if not params["concurrency"] or min(params["concurrency"]) < 1:
         return "concurrency must be a non-empty list of integers >= 1"
+    if params["capacity"]:
+        problem = check_capacity(params)
+        if problem:
+            return problem
     if params["fail_below"]:
         if not params["baseline"]:
             return "fail_below needs a baseline to compare with"
@@ -1065,6 +1210,22 @@ def check_options(params):
         for figure, ratio in params["fail_below"].items():
             if _ratio(ratio) is None:
                 return f"fail_below.{figure} must be a number > 0 (a ratio to the baseline), got {ratio!r}"
+    return None
+
+
+def check_capacity(params):
+    """One-line error for bad options of the capacity sweep, or None."""
+    if params["twin_url"]:
+        return "capacity and twin_url are mutually exclusive: the sweep's closed loop has no paired rounds"
+    targets = (params["target_ttft_p95_ms"], params["target_itl_p95_ms"])
+    if None in targets:
+        return "capacity needs target_ttft_p95_ms and target_itl_p95_ms"
+    if min(targets) <= 0:
+        return "target_ttft_p95_ms and target_itl_p95_ms must be > 0 ms"
+    if params["capacity_max_concurrency"] < 1 or params["capacity_min_requests"] < 1:
+        return "capacity_max_concurrency and capacity_min_requests must be >= 1"
+    if params["capacity_time_limit"] <= 0:
+        return "capacity_time_limit must be > 0 s"
     return None
 
 
@@ -1170,7 +1331,9 @@ def measure(params, url, model, result, warnings, lock_waited):
         for target in urls + twin_urls:
             _attempt(target, model, prompt_for(params, i), params)
     levels, twin_levels, index = [], [], params["warmup"]
-    for concurrency in params["concurrency"]:
+    if params["capacity"]:
+        levels, result["capacity"] = run_capacity(urls, model, params, index)
+    for concurrency in [] if params["capacity"] else params["concurrency"]:
         if twin_url:
             service, twin, used = run_paired_level((urls, twin_urls), model, params, concurrency, index)
             levels.append(service)
@@ -1203,7 +1366,8 @@ def measure(params, url, model, result, warnings, lock_waited):
         result["roofline"] = roofline(result["summary"]["decode_tokens_per_s"], params["decode_upper_bound"])
     failure = None
     for target, level in [(url, level) for level in levels] + [(twin_url, level) for level in twin_levels]:
-        if level["errors"] == level["requests"]:
+        # A sweep stops at a level that fails; only a first level that fails entirely fails the task.
+        if level["errors"] == level["requests"] and not (params["capacity"] and level is not levels[0]):
             failure = failure or (f"all {level['requests']} requests at concurrency {level['concurrency']} to "
                                   f"{target} failed: {level['error_messages'][0]}")
         elif level["errors"]:
@@ -1238,6 +1402,12 @@ ARGUMENT_SPEC = {
     "engine_pid": {"type": "int", "default": 0},
     "more_urls": {"type": "list", "elements": "str", "default": []},
     "more_engine_pids": {"type": "list", "elements": "int", "default": []},
+    "capacity": {"type": "bool", "default": False},
+    "target_ttft_p95_ms": {"type": "float"},
+    "target_itl_p95_ms": {"type": "float"},
+    "capacity_max_concurrency": {"type": "int", "default": 64},
+    "capacity_min_requests": {"type": "int", "default": 20},
+    "capacity_time_limit": {"type": "float", "default": 600},
     "twin_url": {"type": "str"},
     "twin_engine_pid": {"type": "int", "default": 0},
     "more_twin_urls": {"type": "list", "elements": "str", "default": []},

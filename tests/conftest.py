@@ -173,7 +173,7 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "crosscheck: compares the benchmark with another tool; needs a quiet machine")
 
 
-TORCH_TEST_FILES = ("test_proxy_model.py", "test_inference_benchmark.py", "test_benchmark_crosscheck.py")
+TORCH_TEST_FILES = ("test_proxy_model.py", "test_inference_benchmark.py", "test_benchmark_crosscheck.py", "test_capacity.py")
 
 
 def pytest_collect_file(file_path, parent):
