@@ -1,8 +1,10 @@
 # -*- coding: utf-8 -*-
-"""Capacity of a service at its operator's service-level targets.
+"""Capacity of a service at its operator's service-level targets, and the same engine's own batched figure beside it.
 
 The one place of: the concurrency levels a capacity sweep runs and why it stops, whether a request and a level meet
-the targets, goodput and the capacity. library/inference_benchmark.py runs the sweep.
+the targets, goodput, the capacity, the reading of llama.cpp's llama-batched-bench and the comparison of the
+service's aggregate output tokens/s with it. library/inference_benchmark.py runs the sweep,
+library/engine_batched_bench.py the engine's own benchmark.
 
 Targets are a dict {"ttft_p95_ms": float, "itl_p95_ms": float}. A level is a level of inference_benchmark (its
 RV(levels[]) entry: concurrency, requests, errors, wall_s, ttft_ms, itl_ms, samples (each with ttft_ms, itl_ms_p95
@@ -10,6 +12,8 @@ and output_tokens), output_tokens, output_tokens_per_s, requests_per_s, noisy).
 """
 
 from __future__ import annotations
+
+import json
 
 
 def level_requests(concurrency, min_requests):
@@ -87,3 +91,123 @@ def capacity_of(levels, targets, stopped, elapsed_s):
             "goodput_tokens_per_s": best["goodput_tokens_per_s"] if best else 0.0,
             "output_tokens_per_s": best["output_tokens_per_s"] if best else 0.0,
             "levels": [level["concurrency"] for level in levels], "stopped": stopped, "elapsed_s": round(elapsed_s, 1)}
+
+
+# --- the engine's own batched figure (llama.cpp's tools/batched-bench) ---
+
+# llama-server options that llama-batched-bench does not take: what the server listens on, its slots, its web UI and
+# metrics endpoint, its key; the value count of each. Every other option (model, threads, context, batch sizes,
+# flash attention, cache types, load mode) is passed on as the service has it.
+SERVER_ONLY = {"--host": 1, "--port": 1, "--alias": 1, "-a": 1, "--parallel": 1, "-np": 1, "--no-webui": 0,
+               "--metrics": 0, "--api-key": 1, "--api-key-file": 1, "--path": 1, "--timeout": 1, "-to": 1,
+               "--threads-http": 1, "--slots": 0, "--no-slots": 0, "--props": 0, "--cont-batching": 0, "-cb": 0,
+               "--no-cont-batching": 0, "-nocb": 0, "--cache-reuse": 1, "--slot-save-path": 1}
+
+
+def option_value(argv, names):
+    """The value of the first of the option NAMES in ARGV (`--x V` or `--x=V`), or None."""
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name and i + 1 < len(argv):
+                return argv[i + 1]
+            if arg.startswith(name + "="):
+                return arg.split("=", 1)[1]
+    return None
+
+
+def batched_bench_argv(server_argv, concurrency, prompt_tokens, output_tokens):
+    """The llama-batched-bench command for the llama-server command SERVER_ARGV (the unit's): the program of the same
+    build folder, the server's options without the server-only ones, and B = each of CONCURRENCY streams of
+    PROMPT_TOKENS-token prompts and OUTPUT_TOKENS output tokens, JSONL output.
+
+    A streamed request of N output tokens is one prefill, whose logits give the first token, and N - 1 decode steps;
+    llama-batched-bench prefills B prompts and then decodes TG steps for all B, so TG is N - 1. Each stream's prompt
+    is its own (not shared, no -pps), as the sweep's are. The context holds the largest level
+    (B x (PP + TG) cells), at least the server's. Returns (argv, slots of the server or None, context of the server
+    or None)."""
+    server = list(server_argv)
+    program_index = next(i for i, arg in enumerate(server) if arg.endswith("llama-server"))
+    program = server[program_index][:-len("llama-server")] + "llama-batched-bench"
+    slots, context = option_value(server, ("--parallel", "-np")), option_value(server, ("--ctx-size", "-c"))
+    rest, i = [], program_index + 1
+    while i < len(server):
+        name = server[i].split("=", 1)[0]
+        if name in SERVER_ONLY or name in ("--ctx-size", "-c"):
+            i += 1 + (0 if "=" in server[i] else SERVER_ONLY.get(name, 1))
+            continue
+        rest.append(server[i])
+        i += 1
+    tg = max(output_tokens - 1, 1)
+    needed = max(concurrency) * (prompt_tokens + tg)
+    ctx = max(int(context) if context else 0, needed)
+    argv = (server[:program_index] + [program] + rest
+            + ["--ctx-size", str(ctx), "-npp", str(prompt_tokens), "-ntg", str(tg),
+               "-npl", ",".join(str(c) for c in concurrency), "--output-format", "jsonl"])
+    return argv, int(slots) if slots else None, int(context) if context else None
+
+
+def parse_batched_bench(text):
+    """The rows of llama-batched-bench's JSONL output (one JSON object per line with pp, tg, pl, t_pp, t_tg, t and the
+    speeds; other lines are the program's log). ValueError when there is none."""
+    rows = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{") and '"pl"' in line:
+            rows.append(json.loads(line))
+    if not rows:
+        raise ValueError("no result line in llama-batched-bench's output")
+    return rows
+
+
+def engine_output_rate(row):
+    """Output tokens/s of one llama-batched-bench row, prefill included: B streams of TG + 1 output tokens each (the
+    prefill gives the first) in T_PP + T_TG seconds, as a streamed request's output tokens per its whole time."""
+    return round(row["pl"] * (row["tg"] + 1) / row["t"], 3)
+
+
+def compare_with_engine(levels, rows, slots, limit_percent, engine_noisy=False):
+    """Per level of the sweep: the service's aggregate output tokens/s against the engine's own at the same number of
+    streams (RV of engine_batched_bench, comparison[]): gap_percent = 100 x (1 - service / engine), verdict
+    within (|gap| at most LIMIT_PERCENT), beyond or not measured, and the reason of a gap beyond it (ENGINE_NOISY:
+    other processes took CPU time from the engine's own run)."""
+    by_streams = {row["pl"]: row for row in rows}
+    out = []
+    for level in levels:
+        count, row = level["concurrency"], by_streams.get(level["concurrency"])
+        entry = {"concurrency": count, "service_tokens_per_s": level["output_tokens_per_s"],
+                 "engine_tokens_per_s": engine_output_rate(row) if row else None,
+                 "engine_decode_tokens_per_s": round(row["speed_tg"], 3) if row else None,
+                 "gap_percent": None, "verdict": "not measured", "reason": None}
+        if row:
+            gap = 100.0 * (1 - level["output_tokens_per_s"] / entry["engine_tokens_per_s"])
+            entry["gap_percent"] = round(gap, 1) + 0.0  # no -0.0
+            entry["verdict"] = "within" if abs(gap) <= limit_percent else "beyond"
+            if entry["verdict"] == "beyond":
+                entry["reason"] = gap_reason(level, gap, slots, engine_noisy)
+        else:
+            entry["reason"] = f"llama-batched-bench gave no row for {streams(count)}"
+        out.append(entry)
+    return out
+
+
+def gap_reason(level, gap, slots, engine_noisy=False):
+    """Why the service's aggregate output tokens/s is GAP percent below (or above) the engine's own: every cause the
+    measurement shows (fewer slots than streams, failed requests, other processes), else what differs between the
+    two by design."""
+    count, causes = level["concurrency"], []
+    if gap > 0 and slots and count > slots:
+        causes.append(f"the service decodes at most {streams(slots)} together (--parallel {slots}): the other "
+                      f"{count - slots} wait for a slot")
+    if level["errors"]:
+        causes.append(f"{level['errors']} of the service's requests failed")
+    if level["noisy"] or engine_noisy:
+        which = " and ".join(name for name, flag in (("the service's level", level["noisy"]),
+                                                    ("llama-batched-bench", engine_noisy)) if flag)
+        causes.append(f"other processes took CPU time during {which}")
+    if causes:
+        return "; ".join(causes)
+    if gap < 0:
+        return ("the service was faster than the engine's own run right after it: the host's speed drifts between "
+                "runs (docs/results.md)")
+    return ("serving: HTTP and streaming, and each new prompt prefilled between the other streams' decode steps "
+            "(llama-batched-bench prefills all B prompts, then decodes the B streams in lockstep)")
