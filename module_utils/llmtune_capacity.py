@@ -2,9 +2,10 @@
 """Capacity of a service at its operator's service-level targets, and the same engine's own batched figure beside it.
 
 The one place of: the concurrency levels a capacity sweep runs and why it stops, whether a request and a level meet
-the targets, goodput, the capacity, the reading of llama.cpp's llama-batched-bench and the comparison of the
-service's aggregate output tokens/s with it. library/inference_benchmark.py runs the sweep,
-library/engine_batched_bench.py the engine's own benchmark.
+the targets, goodput, the capacity, the reading of llama.cpp's llama-batched-bench, the comparison of the service's
+aggregate output tokens/s with it, and the Markdown report. library/inference_benchmark.py runs the sweep,
+library/engine_batched_bench.py the engine's own benchmark, roles/benchmark/files/capacity_report.py writes the
+report and its chart on the controller.
 
 Targets are a dict {"ttft_p95_ms": float, "itl_p95_ms": float}. A level is a level of inference_benchmark (its
 RV(levels[]) entry: concurrency, requests, errors, wall_s, ttft_ms, itl_ms, samples (each with ttft_ms, itl_ms_p95
@@ -211,3 +212,80 @@ def gap_reason(level, gap, slots, engine_noisy=False):
                 "runs (docs/results.md)")
     return ("serving: HTTP and streaming, and each new prompt prefilled between the other streams' decode steps "
             "(llama-batched-bench prefills all B prompts, then decodes the B streams in lockstep)")
+
+
+# --- the report ---
+
+def _cell(value):
+    return "-" if value is None else value
+
+
+def report_markdown(host, result, engine, engine_name):
+    """Markdown lines of a host's capacity: the targets, the capacity and goodput, why the sweep stopped, a row per
+    level with the engine's own batched figure beside it (ENGINE, the engine_batched_bench result or None) and what
+    is compared for ENGINE_NAME when nothing is."""
+    cap = result["capacity"]
+    targets = cap["targets"]
+    levels = result["levels"]
+    first = levels[0] if levels else {}
+    prompt = (f"{result['prompt_tokens']}-token synthetic prompts" if result.get("prompt_tokens")
+              else "the built-in questions")
+    lines = [f"## Capacity of {host} at the targets", "",
+             f"Targets: TTFT p95 at most {targets['ttft_p95_ms']:g} ms, ITL p95 at most {targets['itl_p95_ms']:g} ms. "
+             f"Workload: {prompt} (about {_cell(first.get('prompt_tokens_mean'))} tokens with the chat template), "
+             f"{result['max_tokens']} output tokens{' (EOS ignored)' if result.get('ignore_eos') else ''}, a prompt "
+             "of its own per request, each stream sending its next request when the last one ended (closed loop).", ""]
+    if cap["concurrency"]:
+        lines.append(f"**{host} serves {cap['concurrency']} concurrent stream(s) within the targets**, goodput "
+                     f"{cap['goodput_tokens_per_s']} output tokens/s (of {cap['output_tokens_per_s']} in all).")
+    else:
+        lines.append(f"**{host} meets the targets at no concurrency**: one stream alone misses them.")
+    lines += [f"The sweep stopped: {cap['stopped']} ({cap['elapsed_s']} s).", ""]
+    by_streams = {entry["concurrency"]: entry for entry in (engine or {}).get("comparison", [])}
+    lines += ["| streams | requests | errors | output tok/s | goodput tok/s | requests within targets | TTFT p50 ms | "
+              "TTFT p95 ms | ITL p50 ms | ITL p95 ms | engine's own tok/s | service below own % | note |",
+              "|" + "---|" * 13]
+    for level in levels:
+        entry = by_streams.get(level["concurrency"], {})
+        notes = list(level.get("broken") or [])
+        if level.get("remeasured"):
+            notes.append("measured again (noisy)")
+        elif level.get("noisy"):
+            notes.append("noisy")
+        if entry.get("reason"):
+            notes.append(entry["reason"])
+        mark = "**" if level["concurrency"] == cap["concurrency"] else ""
+        cells = [f"{mark}{level['concurrency']}{mark}", level["requests"], level["errors"],
+                 level["output_tokens_per_s"], level.get("goodput_tokens_per_s"),
+                 f"{level.get('requests_within_targets')} of {level['requests']}", level["ttft_ms"]["p50"],
+                 level["ttft_ms"]["p95"], level["itl_ms"]["p50"], level["itl_ms"]["p95"],
+                 _cell(entry.get("engine_tokens_per_s")), _cell(entry.get("gap_percent")),
+                 "; ".join(notes) or "-"]
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
+    lines.append("")
+    lines.append(engine_sentence(engine, engine_name))
+    return lines
+
+
+def engine_sentence(engine, engine_name):
+    """One paragraph on the engine's own batched figure: what ran and how the service compares, or why none."""
+    if engine_name != "llama_cpp":
+        return (f"Engine's own batched figure: none compared. {engine_name} has no batched benchmark of its own that "
+                "runs the served stack (transformers ships none; a generate() batch is not the code path of "
+                "`transformers serve`), so the service's figures stand alone.")
+    if not engine or engine.get("skipped"):
+        return f"Engine's own batched figure: not measured ({(engine or {}).get('msg', 'not run')})."
+    comparison = engine["comparison"]
+    beyond = [entry for entry in comparison if entry["verdict"] == "beyond"]
+    measured = [entry for entry in comparison if entry["verdict"] != "not measured"]
+    program = next(i for i, arg in enumerate(engine["argv"]) if arg.endswith("llama-batched-bench"))
+    command = " ".join(["llama-batched-bench"] + engine["argv"][program + 1:])
+    text = (f"Engine's own batched figure: llama-batched-bench of the same build, GGUF, threads, CPUs and batch sizes "
+            f"(`{command}`, {engine['seconds']} s right after the sweep), B streams of "
+            f"{engine['prompt_tokens']}-token prompts and {engine['output_tokens']} output tokens each, output tokens/s "
+            f"with the prefill included. The service is within {engine['max_gap_percent']:g} % of it at "
+            f"{len(measured) - len(beyond)} of {len(measured)} levels")
+    if beyond:
+        text += "; beyond it at " + "; ".join(f"{streams(entry['concurrency'])} ({entry['gap_percent']} %: "
+                                             f"{entry['reason']})" for entry in beyond)
+    return text + "."
