@@ -46,42 +46,29 @@ if [ ! -x "$LLMTUNE_ROOT/.venv/bin/ansible-playbook" ] ||
   cp "$LLMTUNE_ROOT/requirements.txt" "$LLMTUNE_ROOT/.venv/requirements.installed"
 fi
 
-# nginx and its njs module for the proxy's tests (tests/unit/test_proxy_nginx.py): the distribution's packages
-# unpacked into the cache, not installed, so that no nginx service starts on the controller.
-nginx_root=$LLMTUNE_CACHE/nginx
-if [ ! -f "$nginx_root/usr/lib/nginx/modules/ngx_http_js_module.so" ]; then
-  echo "== nginx (unpacked for the proxy tests)"
-  nginx_debs=$(mktemp -d)
-  download() { (cd "$nginx_debs" && apt-get download -qq nginx libnginx-mod-http-js 2>/dev/null); }
-  download || { apt-get update -qq && download; }
-  for deb in "$nginx_debs"/*.deb; do dpkg -x "$deb" "$nginx_root"; done
-  rm -rf "$nginx_debs"
-fi
-
-# zram-generator for the swap role's tests, which run the real generator in its test mode
-# (tests/unit/test_zram_generator_units.py): unpacked into the cache, not installed, since the package's own
-# configuration would give the controller a zram swap device at its next boot.
-zram_root=$LLMTUNE_CACHE/zram-generator
-if [ ! -x "$zram_root/lib/systemd/system-generators/zram-generator" ] &&
-   [ ! -x "$zram_root/usr/lib/systemd/system-generators/zram-generator" ]; then
-  echo "== systemd-zram-generator (unpacked for the swap tests)"
-  zram_debs=$(mktemp -d)
-  download() { (cd "$zram_debs" && apt-get download -qq systemd-zram-generator 2>/dev/null); }
-  download || { apt-get update -qq && download; }
-  for deb in "$zram_debs"/*.deb; do dpkg -x "$deb" "$zram_root"; done
-  rm -rf "$zram_debs"
-fi
-
-# Debian's prometheus-node-exporter for the metrics tests (tests/unit/test_metrics.py), which scrape the real textfile
-# collector: unpacked into the cache, not installed, so that no exporter service starts on the controller.
-node_exporter_root=$LLMTUNE_CACHE/prometheus-node-exporter
-if [ ! -x "$node_exporter_root/usr/bin/prometheus-node-exporter" ]; then
-  echo "== prometheus-node-exporter (unpacked for the metrics tests)"
-  exporter_debs=$(mktemp -d)
-  download() { (cd "$exporter_debs" && apt-get download -qq prometheus-node-exporter 2>/dev/null); }
-  download || { apt-get update -qq && download; }
-  for deb in "$exporter_debs"/*.deb; do dpkg -x "$deb" "$node_exporter_root"; done
-  rm -rf "$exporter_debs"
-fi
+# Debian packages the unit tests run for real, unpacked into the cache (ROOT), not installed, so that no service of
+# theirs starts on the controller and none of their configuration applies to it.
+#   unpack ROOT WHAT PACKAGE...
+unpack() {
+  local root=$1 what=$2 debs
+  shift 2
+  echo "== $* (unpacked for $what)"
+  debs=$(mktemp -d)
+  download() { (cd "$debs" && apt-get download -qq "$@" 2>/dev/null); }
+  download "$@" || { apt-get update -qq && download "$@"; }
+  for deb in "$debs"/*.deb; do dpkg -x "$deb" "$root"; done
+  rm -rf "$debs"
+}
+# nginx and its njs module: the proxy's tests (tests/unit/test_proxy_nginx.py, test_metrics.py).
+[ -f "$LLMTUNE_CACHE/nginx/usr/lib/nginx/modules/ngx_http_js_module.so" ] ||
+  unpack "$LLMTUNE_CACHE/nginx" "the proxy tests" nginx libnginx-mod-http-js
+# zram-generator: the swap role's tests run the real generator in its test mode (tests/unit/test_zram_generator_units.py);
+# its own configuration would give the controller a zram swap device at its next boot.
+[ -x "$LLMTUNE_CACHE/zram-generator/lib/systemd/system-generators/zram-generator" ] ||
+  [ -x "$LLMTUNE_CACHE/zram-generator/usr/lib/systemd/system-generators/zram-generator" ] ||
+  unpack "$LLMTUNE_CACHE/zram-generator" "the swap tests" systemd-zram-generator
+# The node exporter: the metrics tests scrape its real textfile collector (tests/unit/test_metrics.py).
+[ -x "$LLMTUNE_CACHE/prometheus-node-exporter/usr/bin/prometheus-node-exporter" ] ||
+  unpack "$LLMTUNE_CACHE/prometheus-node-exporter" "the metrics tests" prometheus-node-exporter
 
 ! $image || "$LLMTUNE_ROOT/scripts/build-node-image.sh"

@@ -124,6 +124,22 @@ def tiny_proxy_dir(tmp_path_factory):
     return out
 
 
+def wait_healthy(proc, url, log_path, name, timeout=120):
+    """Wait until the engine PROC answers URL/health with 200; fail with its log (LOG_PATH) when it exits or takes
+    longer than TIMEOUT seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        assert proc.poll() is None, f"{name} exited:\n" + log_path.read_text()
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"{name} not healthy in {timeout} s:\n" + log_path.read_text()
+        time.sleep(0.5)
+
+
 @contextlib.contextmanager
 def serve(model_dir, log_dir, threads, cpus=None, env=None):
     """The real `transformers serve` with MODEL_DIR preloaded on 127.0.0.1 and THREADS torch threads, bound to the
@@ -139,17 +155,7 @@ def serve(model_dir, log_dir, threads, cpus=None, env=None):
                                 preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, "transformers serve exited:\n" + log_path.read_text()
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "transformers serve not healthy in 120 s:\n" + log_path.read_text()
-            time.sleep(0.5)
+        wait_healthy(proc, url, log_path, "transformers serve")
         yield url
     finally:
         proc.terminate()

@@ -8,8 +8,6 @@ import json
 import os
 import pwd
 import subprocess
-import time
-import urllib.request
 
 import pytest
 
@@ -17,7 +15,7 @@ import engine_batched_bench as ebb  # noqa: E402  (library/ is on sys.path via c
 import inference_benchmark as bench  # noqa: E402
 from ansible.module_utils import llmtune_capacity as cap  # noqa: E402
 from ansible.module_utils.llmtune_systemd import parse_show, unit_command  # noqa: E402
-from conftest import FIXTURES, free_port, read  # noqa: E402
+from conftest import FIXTURES, free_port, read, wait_healthy  # noqa: E402
 
 CAPACITY = os.path.join(FIXTURES, "capacity")
 BUILD = "/opt/llmtune/llama.cpp-0.3.36-x86_64-2e669cd01475"
@@ -149,17 +147,7 @@ def llama_server(argv, cpu, log_path):
                                 preexec_fn=lambda: os.sched_setaffinity(0, {cpu}))
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, "llama-server exited:\n" + read(log_path)
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "llama-server not healthy in 120 s:\n" + read(log_path)
-            time.sleep(0.5)
+        wait_healthy(proc, url, log_path, "llama-server")
         yield url, proc.pid
     finally:
         proc.terminate()
