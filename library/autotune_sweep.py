@@ -23,7 +23,8 @@ description:
     reference of the gain), then the other stacks, then the best one with other thread counts, each allocator, its
     batching (with more than one request in flight), one engine per NUMA node (two or more nodes and an API key),
     and float32 stacks last where the CPU computes bf16 natively. After each stage the setting kept so far is chosen
-    again. Rows not started within O(config.budget_s) are recorded as skipped. Each row gets a deadline after which
+    again. Rows not started within O(config.budget_s) are recorded as skipped, but for each engine's first row, which is
+    measured anyway. Each row gets a deadline after which
     the benchmark adds no paired round with its twin (RV(row.twin_deadline)); the first rows and the reference share
     what is left of the budget evenly, the others may use all of it.
   - O(action=record) adds the measurement of the row O(action=next) returned (or its failure) to the state. A row

@@ -30,6 +30,9 @@ CHOICES = ("stack", "threads", "allocator", "batching", "layout", "float32")
 # Rows of these phases share what is left of the budget evenly, so that none of them spends it all on added twin
 # rounds before the others start.
 PRIORITY = ("first", "reference")
+# Every allowed engine's first row is measured even once the budget is spent: the budget bounds what comes after the
+# comparison of the engines (on a host another process keeps busy, one slow row outlasted a 300 s budget alone).
+MANDATORY = ("first",)
 SKIPPED = "skipped (time budget)"
 STEP_KEYS = ("engine", "format", "threads", "cpus", "allocator", "parallel", "continuous_batching", "layout",
              "engine_cpus", "score_ms", "ttft_ms_p50", "decode_tokens_per_s", "output_tokens_per_s")
@@ -278,13 +281,14 @@ def _close_phase(state):
 
 
 def next_row(state, now):
-    """The next row to measure as {"setting", "stage", "deploy", "variables", "twin_deadline", "settle_timeout"}, or
-    None when the sweep is done. Rows planned once the time budget is spent are recorded as skipped instead."""
+    """The next row to measure as {"setting", "stage", "deploy", "twin_deadline", "settle_timeout", "retry"}, or None
+    when the sweep is done. Rows planned once the time budget is spent are recorded as skipped instead, but for each
+    engine's first row (MANDATORY)."""
     config = state["config"]
     while True:
         if state["queue"]:
             setting, stage = state["queue"][0]["setting"], state["queue"][0]["stage"]
-            if now - state["started"] > config["budget_s"]:
+            if now - state["started"] > config["budget_s"] and stage not in MANDATORY:
                 state["queue"].pop(0)
                 state["rows"].append(dict(row_of(setting, stage), status=SKIPPED))
                 continue
