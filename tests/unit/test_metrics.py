@@ -19,7 +19,8 @@ import kernel_cmdline
 import llmtune_metrics
 import pytest
 import tuning_drift
-from conftest import FIXTURES, ROOT, VENV_BIN, copy_tree, free_port, node_exporter_program, read
+from conftest import (FIXTURES, ROOT, VENV_BIN, copy_tree, free_port, node_exporter_program, read,
+                      wait_healthy)
 from prometheus_client.parser import text_string_to_metric_families
 
 from ansible.module_utils.llmtune_metrics import timestamp
@@ -46,15 +47,7 @@ def fixture_exporter(tmp_path):
                             stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert proc.poll() is None, read(tmp_path / "node-exporter.log")
-            try:
-                urllib.request.urlopen(url, timeout=2).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "node exporter not answering in 30 s"
-                time.sleep(0.1)
+        wait_healthy(proc, url, tmp_path / "node-exporter.log", "node exporter", timeout=30, path="")
         yield folder, url
     finally:
         proc.terminate()
@@ -371,11 +364,8 @@ def fixture_proxy(tmp_path_factory):
                              "-g", "daemon off; worker_processes 1;"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 30
-        while status(port, "/metrics", None) == 0:
-            assert proc.poll() is None, read(prefix / "error.log")
-            assert time.monotonic() < deadline, "nginx not answering in 30 s"
-            time.sleep(0.1)
+        wait_healthy(proc, f"http://127.0.0.1:{port}", prefix / "error.log", "nginx", timeout=30, path="/metrics",
+                     any_status=True)
         yield port, seen
     finally:
         proc.terminate()
