@@ -13,6 +13,7 @@ with its status and figures. The sweep's state is a plain dict that each call ta
 from __future__ import annotations
 
 import json
+import math
 
 # Stored results carry this; a sweep of another version is measured again (inputs.method).
 RESULT_VERSION = 2
@@ -410,7 +411,35 @@ def record(state, measurement):
     state["queue"].pop(0)
     state["rows"].append(dict(measured_row(row, measurement, config), attempts=2 if state["retry"] else 1))
     state["retry"] = False
+    if stage in MANDATORY:
+        _fit_first_rows_to_free_cpus(state, setting, state["rows"][-1])
     return state["rows"][-1]
+
+
+def _fit_first_rows_to_free_cpus(state, setting, row):
+    """Where the host stayed busy and ROW (a first row of SETTING) ran more threads than the CPUs other processes left
+    free, the first rows run at that many threads: SETTING's next, and the engines' still planned in its place. Both
+    engines wait at a barrier for every thread of a step, so a thread that shares its CPU slows every step (the busy
+    demo's rows at 2 threads on 2 CPUs with one taken decoded at a sixtieth of their speed on the quiet host)."""
+    config, threads = state["config"], setting.get("threads")
+    if not (state["busy"] and row.get("noisy") and threads):
+        return
+    busy = row.get("other_cpus_before") or 0
+    # A CPU counts as taken when other processes keep it more than half busy.
+    fits = max(1, len(setting["cpus"].split()) - math.floor(busy + 0.5))
+    if fits >= threads:
+        return
+    cpus = " ".join(str(cpu) for cpu in cpu_order(config)[:fits])
+    fitted = dict(setting, threads=fits, cpus=cpus)
+    queue = [planned if planned["stage"] not in MANDATORY or planned["setting"]["threads"] <= fits
+             else dict(planned, setting=dict(planned["setting"], threads=fits, cpus=cpus))
+             for planned in state["queue"]]
+    if fitted not in state["done"]:
+        queue.insert(0, {"stage": row["stage"], "setting": fitted})
+    state["queue"] = queue
+    state["done"] += [planned["setting"] for planned in queue if planned["setting"] not in state["done"]]
+    state["notes"].append(f"other processes kept {busy} CPUs busy: the first rows from "
+                          f"{setting['engine']} {setting['format']} on run at {fits} thread(s) on CPUs {cpus}")
 
 
 def choose(rows, kept, config):

@@ -260,6 +260,50 @@ def test_a_host_that_stays_busy_is_measured_under_load_and_served_anyway():
     assert "(under load)" in report
 
 
+def test_first_rows_run_on_the_cpus_a_busy_host_leaves_free():
+    # The busy demo (stress-ng --cpu 1 on 2 CPUs): transformers bf16 at 2 threads decoded at 0.495 tokens/s and
+    # llama.cpp bf16 at 2 threads at 0.53, a sixtieth of their speed on the quiet host.
+    state, planned = sweep(config(budget_s=300), by_stack, seconds_per_row=480.0, busy=lambda setting: True)
+    assert [(row["stage"], label(row["setting"]), row["setting"]["threads"], row["setting"]["cpus"])
+            for row in planned] == [("first", "transformers bfloat16", 2, "0 1"),
+                                    ("first", "transformers bfloat16", 1, "0"),
+                                    ("first", "llama_cpp bf16", 1, "0")]
+    result = at.result_of(state, 3000.0, "now", {})
+    assert (result["chosen"]["engine"], result["chosen"]["threads"]) == ("llama_cpp", 1)
+    assert result["notes"] == ["other processes kept 1.0 CPUs busy: the first rows from transformers bfloat16 on run "
+                               "at 1 thread(s) on CPUs 0"]
+    assert "other processes kept 1.0 CPUs busy" in at.report_markdown(result, "node", "EPYC", {})
+
+
+FOUR_CPUS = dict(TOPOLOGY, usable_cpus=[0, 1, 2, 3], recommended=dict(TOPOLOGY["recommended"], cpus=[0, 1, 2, 3],
+                                                                     threads=4))
+
+
+@pytest.mark.parametrize("busy, threads", [(0.3, 4), (0.6, 3), (1.0, 3), (1.6, 2), (3.8, 1)])
+def test_the_threads_that_fit_the_free_cpus(busy, threads):
+    state = at.new_state(config(FOUR_CPUS, budget_s=10_000), 0.0)
+    first = at.next_row(state, 0.0)
+    at.record(state, measurement(bench(0.5, noisy=True, other_before=busy, waited=first["settle_timeout"]),
+                                 first["setting"]))
+    following = at.next_row(state, 10.0)
+    assert following["setting"]["threads"] == threads
+    assert following["setting"]["cpus"] == " ".join(str(cpu) for cpu in range(threads))
+    # The fitted row of the same stack, or else the next engine's first row at the CPUs it was planned on.
+    assert label(following["setting"]) == ("transformers bfloat16" if threads < 4 else "llama_cpp bf16")
+
+
+def test_a_first_row_under_load_that_leaves_its_cpus_free_is_not_measured_again():
+    # Busy once, then quiet: the host did not stay busy through the wait.
+    cfg = config(budget_s=10_000)
+    state = at.new_state(cfg, 0.0)
+    first = at.next_row(state, 0.0)
+    at.record(state, measurement(bench(8.0, noisy=True, other_before=1.0, waited=5.0), first["setting"]))
+    at.record(state, measurement(bench(8.0, noisy=True, other_before=1.0, waited=5.0), first["setting"]))
+    second = at.next_row(state, 10.0)
+    assert (label(second["setting"]), second["setting"]["threads"]) == ("llama_cpp bf16", 2)
+    assert state["notes"] == []
+
+
 def test_rows_under_load_are_not_chosen_over_quiet_ones():
     state, _ = sweep(config(budget_s=10_000), by_stack, busy=lambda s: s["engine"] == "llama_cpp")
     assert state["chosen"]["engine"] == "transformers"
