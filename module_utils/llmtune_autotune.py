@@ -155,13 +155,14 @@ def candidate_stacks(config):
             [stack for stack in stacks if stack[1] in FP32])
 
 
-def thread_candidates(config):
-    """Stage 2's thread counts: the operator's, or half the recommended threads and every usable CPU; never the
-    recommendation itself (stage 1 measured it), never more than the CPUs there are."""
+def thread_candidates(config, measured):
+    """Stage 2's thread counts beside MEASURED, the count of the setting kept so far: the operator's, or half the
+    recommended threads, every usable CPU and the recommendation (where the first rows ran fewer threads on a busy
+    host); never MEASURED itself, never more than the CPUs there are."""
     rec, usable = config["recommended"], config["usable_cpus"]
-    wanted = config["threads"] or [max(1, rec["threads"] // 2), len(usable)]
+    wanted = config["threads"] or [max(1, rec["threads"] // 2), len(usable), rec["threads"]]
     limit = len(set(rec["cpus"]) | set(usable))
-    return [t for t in _unique(wanted) if t != rec["threads"] and t <= limit]
+    return [t for t in _unique(wanted) if t != measured and t <= limit]
 
 
 def slot_candidates(config):
@@ -229,7 +230,7 @@ def phase_settings(phase, state):
     base = setting_of(chosen)
     if phase == "threads":
         order = cpu_order(config)
-        return [dict(base, threads=t, cpus=" ".join(str(cpu) for cpu in order[:t])) for t in thread_candidates(config)]
+        return [dict(base, threads=t, cpus=" ".join(str(cpu) for cpu in order[:t])) for t in thread_candidates(config, base["threads"])]
     if phase == "allocator":
         return [dict(base, allocator=name) for name in config["allocators"] if name != "none"]
     if phase == "batching" and config["concurrency"] > 1:

@@ -136,8 +136,10 @@ def test_slot_candidates(concurrency, parallel, slots):
 def test_thread_candidates_leave_out_the_recommendation_and_more_than_the_cpus():
     # 8 cores x 2 SMT siblings: 4 (half) and 16 (every CPU); 8 was measured with the stacks.
     big = dict(TOPOLOGY, usable_cpus=list(range(16)), recommended={"cpus": list(range(8)), "threads": 8, "per_node": []})
-    assert at.thread_candidates(config(big)) == [4, 16]
-    assert at.thread_candidates(config(big, threads=[8, 2, 32])) == [2]
+    assert at.thread_candidates(config(big), 8) == [4, 16]
+    assert at.thread_candidates(config(big, threads=[8, 2, 32]), 8) == [2]
+    # After first rows that ran 4 threads on a busy host: the recommendation too.
+    assert at.thread_candidates(config(big), 4) == [16, 8]
     # The SMT siblings come after the physical cores.
     assert at.cpu_order(config(dict(big, recommended={"cpus": [0, 2, 4, 6, 8, 10, 12, 14], "threads": 8})))[:10] == \
         [0, 2, 4, 6, 8, 10, 12, 14, 1, 3]
@@ -270,6 +272,9 @@ def test_first_rows_run_on_the_cpus_a_busy_host_leaves_free():
                                     ("first", "llama_cpp bf16", 1, "0")]
     result = at.result_of(state, 3000.0, "now", {})
     assert (result["chosen"]["engine"], result["chosen"]["threads"]) == ("llama_cpp", 1)
+    # The recommended threads of the chosen stack come in the threads stage (skipped here: the budget is spent).
+    assert [(row["stage"], row["threads"], row["status"]) for row in result["rows"] if row["stage"] == "threads"] == \
+        [("threads", 2, at.SKIPPED)]
     assert result["notes"] == ["other processes kept 1.0 CPUs busy: the first rows from transformers bfloat16 on run "
                                "at 1 thread(s) on CPUs 0"]
     assert "other processes kept 1.0 CPUs busy" in at.report_markdown(result, "node", "EPYC", {})
