@@ -176,6 +176,11 @@ def cpu_order(config):
     return rec + sorted(set(config["usable_cpus"]) - set(rec))
 
 
+def first_cpus(config, count):
+    """The first COUNT CPUs of cpu_order(), as a setting's cpus."""
+    return " ".join(str(cpu) for cpu in cpu_order(config)[:count])
+
+
 def _unique(values):
     out = []
     for value in values:
@@ -229,8 +234,7 @@ def phase_settings(phase, state):
         return []
     base = setting_of(chosen)
     if phase == "threads":
-        order = cpu_order(config)
-        return [dict(base, threads=t, cpus=" ".join(str(cpu) for cpu in order[:t])) for t in thread_candidates(config, base["threads"])]
+        return [dict(base, threads=t, cpus=first_cpus(config, t)) for t in thread_candidates(config, base["threads"])]
     if phase == "allocator":
         return [dict(base, allocator=name) for name in config["allocators"] if name != "none"]
     if phase == "batching" and config["concurrency"] > 1:
@@ -430,7 +434,7 @@ def _fit_first_rows_to_free_cpus(state, setting, row):
     fits = max(1, len(setting["cpus"].split()) - math.floor(busy + 0.5))
     if fits >= threads:
         return
-    cpus = " ".join(str(cpu) for cpu in cpu_order(config)[:fits])
+    cpus = first_cpus(config, fits)
     fitted = dict(setting, threads=fits, cpus=cpus)
     queue = [planned if planned["stage"] not in MANDATORY or planned["setting"]["threads"] <= fits
              else dict(planned, setting=dict(planned["setting"], threads=fits, cpus=cpus))
