@@ -70,5 +70,10 @@ unpack() {
 # The node exporter: the metrics tests scrape its real textfile collector (tests/unit/test_metrics.py).
 [ -x "$LLMTUNE_CACHE/prometheus-node-exporter/usr/bin/prometheus-node-exporter" ] ||
   unpack "$LLMTUNE_CACHE/prometheus-node-exporter" "the metrics tests" prometheus-node-exporter
+# HAProxy and socat, its runtime API's client: the balancer's tests run the role's configuration and its drain
+# (tests/unit/test_balancer.py).
+[ -x "$LLMTUNE_CACHE/haproxy/usr/sbin/haproxy" ] && [ -x "$LLMTUNE_CACHE/haproxy/usr/bin/socat" ] ||
+  unpack "$LLMTUNE_CACHE/haproxy" "the balancer tests" haproxy liblua5.3-0 libopentracing-c-wrapper0 libopentracing1 \
+    socat libwrap0
 
 ! $image || "$LLMTUNE_ROOT/scripts/build-node-image.sh"

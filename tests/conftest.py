@@ -66,6 +66,20 @@ def node_exporter_program():
     return None
 
 
+def haproxy_programs():
+    """(haproxy, socat, environment to run them with): Debian's, installed or unpacked into the cache by
+    scripts/setup-controller.sh with the libraries they need; None where neither is there."""
+    cache = os.path.join(os.environ.get("LLMTUNE_CACHE", os.path.join(ROOT, ".cache")), "haproxy")
+    for base in ("/", cache):
+        haproxy, socat = os.path.join(base, "usr/sbin/haproxy"), os.path.join(base, "usr/bin/socat")
+        if os.access(haproxy, os.X_OK) and os.access(socat, os.X_OK):
+            env = dict(os.environ, PATH=os.path.dirname(socat) + os.pathsep + os.environ["PATH"])
+            if base != "/":
+                env["LD_LIBRARY_PATH"] = os.path.join(base, "usr/lib/x86_64-linux-gnu")
+            return haproxy, socat, env
+    return None
+
+
 def read(*parts):
     """Text of the file at os.path.join(*PARTS)."""
     with open(os.path.join(*parts), encoding="utf-8") as handle:
