@@ -11,7 +11,8 @@ from conftest import ROOT
 
 IMAGE = os.environ.get("LLMTUNE_IMAGE", "localhost/llmtune-node:bookworm")
 # What a task's process is: its cgroups, capabilities, seccomp mode and environment.
-PROBE = "cat /proc/self/cgroup; grep -E '^(CapEff|Seccomp):' /proc/self/status; echo container=$container; echo PATH=$PATH"
+PROBE = ("cat /proc/self/cgroup; grep -E '^(CapEff|Seccomp):' /proc/self/status; "
+         "echo container=$container; echo PATH=$PATH")
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("podman") is None
@@ -55,8 +56,8 @@ def play(tmp_path, name):
     shutil.rmtree(fetched, ignore_errors=True)
     (tmp_path / "playbook.yml").write_text(PLAYBOOK % {"fetched": fetched, "probe": PROBE})
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
-    run = subprocess.run(["ansible-playbook", "-vvv", "-i", str(tmp_path / "inventory"), str(tmp_path / "playbook.yml")],
-                         cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    run = subprocess.run(["ansible-playbook", "-vvv", "-i", str(tmp_path / "inventory"),
+                          str(tmp_path / "playbook.yml")], cwd=ROOT, env=env, capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     return run.stdout, (fetched / "probe.txt").read_text().splitlines(), (fetched / "written.txt").read_text()
 
