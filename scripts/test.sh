@@ -96,9 +96,23 @@ if ! $quick; then
   vm_pid=$!
   vm_started=$SECONDS
 fi
+# The linters beside the node image: its debootstrap waits on the mirror and the disk (in the clean-clone run of
+# deef2d5, 102 busy CPU-s in its 99 s on 2 CPUs), and they take about one CPU for a minute and a half.
+lint_log=$LLMTUNE_CACHE/lint.log
+{
+  ansible-lint --profile production
+  for module in library/*.py roles/*/library/*.py; do
+    ansible-doc -M "$(dirname "$module")" "$(basename "$module" .py)" >/dev/null
+  done
+  ansible-doc -t connection podman_pipelined >/dev/null
+} >"$lint_log" 2>&1 &
+lint_pid=$!
 # The node image after the VM's start: its debootstrap waits on the mirror and the disk, as the VM's own image build
 # does, so the two overlap (on a fresh machine it is about 110 s before the VM's start otherwise).
-step "node image (one-off)$beside"; "$LLMTUNE_ROOT/scripts/build-node-image.sh"
+step "node image (one-off, beside: ansible-lint, ansible-doc)$beside"; "$LLMTUNE_ROOT/scripts/build-node-image.sh"
+step "waiting for ansible-lint and ansible-doc$beside"
+wait "$lint_pid" || { cat "$lint_log"; echo "== ansible-lint or ansible-doc failed"; exit 1; }
+tail -3 "$lint_log"
 if ! $quick; then
   # The VM's service deploy needs the llama.cpp build, after its two tuning runs (~35 min in); if it gets there
   # first, the build's lock makes it wait instead of building twice (in the clean-clone run of 25b6e9d the build
@@ -107,18 +121,10 @@ if ! $quick; then
   step "wheelhouses: llama.cpp compile, transformers (one-off, beside the VM)"
   nice -n -5 ansible-playbook playbooks/wheelhouse.yml -e '{"wheelhouse_engines": ["llama_cpp", "transformers"]}'
 fi
-# Unit tests beside the linters: each keeps one CPU busy.
+# The unit tests in two processes (pytest-xdist): a single one keeps one of the two CPUs busy.
 pytest_log=$LLMTUNE_CACHE/pytest.log
-python -m pytest tests/unit -q -m "not crosscheck" >"$pytest_log" 2>&1 &
-pytest_pid=$!
-step "ansible-lint (beside: unit tests)$beside"; ansible-lint --profile production
-step "ansible-doc (beside: unit tests)$beside"
-for module in library/*.py roles/*/library/*.py; do
-  ansible-doc -M "$(dirname "$module")" "$(basename "$module" .py)" >/dev/null
-done
-ansible-doc -t connection podman_pipelined >/dev/null
-step "waiting for the unit tests$beside"
-wait "$pytest_pid" || { cat "$pytest_log"; exit 1; }
+step "unit tests$beside"
+python -m pytest tests/unit -q -m "not crosscheck" -n 2 >"$pytest_log" 2>&1 || { cat "$pytest_log"; exit 1; }
 tail -1 "$pytest_log"
 
 # --quick: the tuning roles, their drift check and rollback (about 5 minutes, no engine build); molecule default
