@@ -480,10 +480,10 @@ def test_grub_bls_args_from_grubby():
 
 
 FLEET_HOSTS = {
-    "llmtune-fleet-1": {"status": "ok", "settings": ["swap.swappiness"], "files": ["/etc/fstab"]},
-    "llmtune-fleet-2": {"status": "failed", "action": "rolled back", "failed_step": "Validate the gain",
+    "llmtune-fleet-1": {"status": "ok", "settings": ["swap.swappiness"], "files": ["/etc/fstab"], "balancer": "in"},
+    "llmtune-fleet-2": {"status": "failed", "action": "rolled back", "balancer": "out", "failed_step": "Validate the gain",
                         "message": "decode_tokens_per_s 3.1 | below\n  baseline 4.0"},
-    "llmtune-fleet-3": {"status": "ok"},
+    "llmtune-fleet-3": {"status": "ok", "balancer": "in"},
     "llmtune-fleet-4": {"status": "not reached"},
 }
 
@@ -493,7 +493,10 @@ def test_fleet_table_note_and_the_checks_of_the_fleet_scenario():
                                 __fleet_report={"started": "2026-01-05T10:00:00Z", "hosts": FLEET_HOSTS})
     row = [line for line in text.splitlines() if line.startswith("| llmtune-fleet-2 ")][0]
     # white space runs (the newline too) become one space, a pipe is escaped for markdown
-    assert row.endswith("| rolled back; Validate the gain: decode_tokens_per_s 3.1 \\| below baseline 4.0 |")
+    assert row.endswith("| rolled back; left out of the balancer; Validate the gain: decode_tokens_per_s 3.1 \\| below "
+                        "baseline 4.0 |")
+    # A host in the pool has nothing to note.
+    assert [line for line in text.splitlines() if line.startswith("| llmtune-fleet-1 ")][0].endswith("| - |")
     that = task("molecule/fleet/verify.yml", "Check the table has one row per node with its status")
     for check in that["ansible.builtin.assert"]["that"]:
         assert condition(check, __md=text), check
