@@ -48,6 +48,16 @@ options:
       - name: ansible_podman_extra_args
     env:
       - name: ANSIBLE_PODMAN_EXTRA_ARGS
+  transfer_log:
+    description:
+      - A file on the controller to which every transfer to the container is appended as a line of JSON with the
+        keys C(host), C(kind) (C(exec), a command and the module it sends on stdin, or C(put), a file copied) and
+        C(bytes), to measure what a playbook sends through the connection. Empty logs nothing.
+    default: ""
+    vars:
+      - name: ansible_podman_transfer_log
+    env:
+      - name: LLMTUNE_TRANSFER_LOG
   podman_executable:
     description: The podman program.
     default: podman
@@ -138,11 +148,28 @@ class Connection(PodmanConnection):
             return None
         return rootfs if rootfs and os.path.isdir(rootfs) else None
 
+    def _log_transfer(self, kind, size):
+        """Append one transfer to the transfer_log file (one write of one line: forks do not interleave)."""
+        path = self.get_option("transfer_log")
+        if path and size:
+            line = json.dumps({"host": self._container_id, "kind": kind, "bytes": size}) + "\n"
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode("utf-8"))
+            finally:
+                os.close(fd)
+
+    def put_file(self, in_path, out_path):
+        """Copy the controller's file in_path to out_path in the container."""
+        super().put_file(in_path, out_path)
+        self._log_transfer("put", os.path.getsize(in_path))
+
     @ensure_connect
     def exec_command(self, cmd, in_data=None, sudoable=False):
         """Run cmd (a shell command line) in the container; in_data, when given, is its stdin."""
         # The grandparent's bookkeeping only: the parent's own exec_command would run podman exec without stdin.
         ConnectionBase.exec_command(self, cmd, in_data=in_data, sudoable=sudoable)
+        self._log_transfer("exec", len(cmd) + len(in_data or b""))
         if self._runc is not None:
             argv = [self._runc["runc"], "--root", self.runc_root, "exec", self._runc["id"]]
             argv += shlex.split(to_native(cmd, errors="surrogate_or_strict"))
