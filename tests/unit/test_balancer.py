@@ -156,6 +156,15 @@ def paths(tmp_path):
             "__balancer_config": str(tmp_path / "haproxy.cfg"), "balancer_listen": "127.0.0.1"}
 
 
+# The role's entry point `server` on the host named by the extra variable target.
+SERVER_PLAYBOOK = f"""
+- hosts: "{{{{ target }}}}"
+  gather_facts: false
+  tasks:
+    - ansible.builtin.include_role: {{name: {ROOT}/roles/balancer, tasks_from: server}}
+"""
+
+
 @pytest.fixture(name="haproxy", scope="module")
 def fixture_haproxy(tmp_path_factory):
     """haproxy on the role's configuration with TLS, in front of two engines of one slot each:
@@ -203,12 +212,21 @@ def fixture_balancer(haproxy):
     assert all(status.startswith("UP") for status, dummy in server_status(folder, PROGRAMS[2]).values())
 
 
-def server_status(tmp_path, env):
-    """{server: (status, sessions now)} from haproxy's runtime API."""
+def servers(tmp_path, env):
+    """The servers' rows of `show stat` (haproxy's runtime API), split into fields."""
     out = subprocess.run(["socat", "stdio", f"unix-connect:{tmp_path / 'admin.sock'}"], input="show stat\n", env=env,
                          capture_output=True, text=True, check=True).stdout
-    rows = [line.split(",") for line in out.splitlines() if line.startswith("llmtune_inference,node")]
-    return {row[1]: (row[17], int(row[4])) for row in rows}
+    return [line.split(",") for line in out.splitlines() if line.startswith("llmtune_inference,node")]
+
+
+def server_status(tmp_path, env):
+    """{server: (status, sessions now)}."""
+    return {row[1]: (row[17], int(row[4])) for row in servers(tmp_path, env)}
+
+
+def weights(tmp_path, env):
+    """{server: its weight now}."""
+    return {row[1]: int(row[18]) for row in servers(tmp_path, env)}
 
 
 def up(tmp_path, env, name):
@@ -248,12 +266,7 @@ def test_a_host_taken_out_ends_its_streams_gets_no_new_one_and_comes_back(balanc
     dummy, dummy, env = PROGRAMS
     engines["node1"].step = engines["node2"].step = 0.3  # 3 s a stream
     # node2 out of the pool first, so the first stream goes to node1.
-    playbook = f"""
-- hosts: "{{{{ target }}}}"
-  gather_facts: false
-  tasks:
-    - ansible.builtin.include_role: {{name: {ROOT}/roles/balancer, tasks_from: server}}
-"""
+    playbook = SERVER_PLAYBOOK
     run(playbook, {"target": "node2", "balancer_server_state": "disabled"})
     assert server_status(tmp_path, env)["node2"][0] == "MAINT"
     first = []
@@ -276,6 +289,16 @@ def test_a_host_taken_out_ends_its_streams_gets_no_new_one_and_comes_back(balanc
     run(playbook, {"target": "node1", "balancer_server_state": "enabled"})
     # "UP 1/2" right after the maintenance: up, its health checks not all passed yet.
     assert server_status(tmp_path, env)["node1"][0].startswith("UP")
+
+
+def test_a_host_put_back_takes_its_weight(balancer, haproxy):
+    dummy, dummy, run = balancer
+    tmp_path, env = haproxy[3], PROGRAMS[2]
+    run(SERVER_PLAYBOOK, {"target": "node2", "balancer_server_state": "disabled"})
+    expected = {3: 3, 0: 3, 300: 256, 1: 1}
+    for weight, then in expected.items():
+        run(SERVER_PLAYBOOK, {"target": "node2", "balancer_server_state": "enabled", "balancer_server_weight": weight})
+        assert weights(tmp_path, env) == {"node1": 1, "node2": then}, weight
 
 
 def test_without_a_certificate_it_listens_in_plain_http(tmp_path):
