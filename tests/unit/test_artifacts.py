@@ -6,6 +6,7 @@ damaged on the host is fetched again, and a file the mirror serves damaged never
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import tarfile
 import time
@@ -126,18 +127,20 @@ def fixture_mirror(tmp_path):
     proc.wait(timeout=20)
 
 
-def fetch(tmp_path, url, store, tasks, artifact, dest, expect_rc=0):
-    """Run the role's TASKS file (artifact.yml or artifact_tar.yml) on this machine as the host: the JSON report."""
+def fetch(tmp_path, url, store, tasks, artifact, dest, expect_rc=0, more=None):
+    """Run the role's entry points TASKS (artifact, artifact_tar; artifact_server first) on this machine as the host,
+    with the role's defaults and VARIABLES: the JSON report."""
     playbook = tmp_path / "fetch.yml"
     playbook.write_text(json.dumps([{
         "hosts": "localhost", "gather_facts": False,
         "vars": {"inference_service_artifact_url": url, "inference_service_artifact_store": str(store),
-                 "inference_service_artifact_sync_command": [], "inference_service_artifact_timeout": 10,
-                 "inference_service_artifact_retries": 1, "inference_service_home": str(dest),
-                 "inference_service_controller_cache": str(artifact)},
-        "tasks": [{"ansible.builtin.include_tasks": f"{ROOT}/roles/inference_service/tasks/{tasks}",
+                 "inference_service_artifact_timeout": 10, "inference_service_artifact_retries": 1,
+                 "inference_service_home": str(dest), "inference_service_controller_cache": str(artifact),
+                 **(more or {})},
+        "tasks": [{"ansible.builtin.include_role": {"name": "inference_service", "tasks_from": entry},
                    "vars": {"__artifact_src": str(artifact), "__artifact_dest": str(dest),
-                            "__artifact_name": "build", "__artifact_done": "build-info.txt"}}],
+                            "__artifact_name": "build", "__artifact_done": "build-info.txt"}}
+                  for entry in tasks.split()],
     }]))
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
                ANSIBLE_CALLBACKS_ENABLED="ansible.posix.json")
@@ -158,18 +161,18 @@ def test_hosts_fetch_from_the_mirror_once_and_fetch_a_damaged_file_again(tmp_pat
     model = model_folder(tmp_path / "controller" / "qwen3-proxy")
     host = tmp_path / "host" / "qwen3-proxy"
     host.parent.mkdir()
-    stats, dummy = fetch(tmp_path, url, store, "artifact.yml", model, host)
+    stats, dummy = fetch(tmp_path, url, store, "artifact", model, host)
     assert stats["changed"] > 0 and gets(log) == 3
     for name in ("model.safetensors", "config.json", "tokenizer/vocab.json"):
         assert (host / name).read_bytes() == (model / name).read_bytes()
     assert not (host / ".cache").exists()
     # A host that has every file: no request at all.
-    stats, dummy = fetch(tmp_path, url, store, "artifact.yml", model, host)
+    stats, dummy = fetch(tmp_path, url, store, "artifact", model, host)
     assert stats["changed"] == 0 and gets(log) == 3
     # A file cut short on the host (a disk filled, a copy interrupted): fetched again, and only it.
     weights = (host / "model.safetensors").read_bytes()
     (host / "model.safetensors").write_bytes(weights[:1000])
-    stats, dummy = fetch(tmp_path, url, store, "artifact.yml", model, host)
+    stats, dummy = fetch(tmp_path, url, store, "artifact", model, host)
     assert stats["changed"] > 0 and gets(log) == 4 and (host / "model.safetensors").read_bytes() == weights
 
 
@@ -184,9 +187,9 @@ def test_a_file_the_mirror_serves_damaged_never_takes_its_place(tmp_path, mirror
     # The mirror's copy truncated (an interrupted sync of the controller's store to it).
     (store / "sha256").mkdir()
     (store / "sha256" / digest).write_bytes(model.read_bytes()[:50_000])
-    dummy, tasks = fetch(tmp_path, url, tmp_path / "controller-store", "artifact.yml", model, host / "model.gguf",
+    dummy, tasks = fetch(tmp_path, url, tmp_path / "controller-store", "artifact", model, host / "model.gguf",
                          expect_rc=2)
-    failed = next(task for task in tasks if task["task"]["name"].startswith("Fetch"))["hosts"]["localhost"]
+    failed = next(task for task in tasks if "Fetch from the mirror" in task["task"]["name"])["hosts"]["localhost"]
     assert failed["failed"] and "did not match" in failed["results"][0]["msg"]
     # Tried 1 + inference_service_artifact_retries times, and nothing left: no file, no partial download.
     assert gets(log) == 2 and os.listdir(host) == []
@@ -203,8 +206,33 @@ def test_a_tar_is_fetched_unpacked_and_removed_and_not_fetched_once_unpacked(tmp
             tar.add(cache / name, arcname=name)
     home = tmp_path / "host"
     (home / "build").mkdir(parents=True)
-    fetch(tmp_path, url, store, "artifact_tar.yml", cache, home)
+    fetch(tmp_path, url, store, "artifact_tar", cache, home)
     assert (home / "build" / "llama-server").read_bytes() == (cache / "llama-server").read_bytes()
     assert sorted(os.listdir(home)) == ["build"] and gets(log) == 1
-    stats, dummy = fetch(tmp_path, url, store, "artifact_tar.yml", cache, home)
+    stats, dummy = fetch(tmp_path, url, store, "artifact_tar", cache, home)
     assert stats["changed"] == 0 and gets(log) == 1
+
+
+def test_without_a_mirror_the_controller_serves_its_store_for_the_run(tmp_path):
+    model = tmp_path / "controller" / "model.gguf"
+    model.parent.mkdir()
+    model.write_bytes(b"GGUF" + os.urandom(100_000))
+    store, host = tmp_path / "store", tmp_path / "host"
+    host.mkdir()
+    more = {"inference_service_artifact_server": True, "inference_service_artifact_server_address": "127.0.0.1",
+            "inference_service_artifact_server_port": free_port(), "inference_service_artifact_server_lifetime_s": 120}
+    pidfile = tmp_path / "store.server.pid"
+    try:
+        dummy, tasks = fetch(tmp_path, "", store, "artifact_server artifact", model, host / "model.gguf", more=more)
+        assert (host / "model.gguf").read_bytes() == model.read_bytes()
+        started = next(task for task in tasks if task["task"]["name"].endswith("Serve the artifact store from the controller"))
+        assert started["hosts"]["localhost"]["changed"]
+        server = int(pidfile.read_text())
+        # The next batch finds it running, and its host has the file.
+        stats, tasks = fetch(tmp_path, "", store, "artifact_server artifact", model, host / "model.gguf", more=more)
+        assert stats["changed"] == 0 and int(pidfile.read_text()) == server
+        os.kill(server, 0)
+    finally:
+        # timeout(1) passes the signal on to the server.
+        if pidfile.exists():
+            os.kill(int(pidfile.read_text()), signal.SIGTERM)
