@@ -47,22 +47,29 @@ def post(url, body, timeout):
         conn.close()
 
 
+# CPU seconds of the engine over WINDOW_S after the client went: an idle engine uses next to none; one still
+# generating uses about one CPU alone, and at least a fifth of one beside the rest of the test command (the unit tests
+# share the 2 CPUs with the VM and a molecule scenario: 0.45 of a CPU was seen there).
+WINDOW_S = 2.0
+STOPPED_BELOW, GENERATING_ABOVE = 0.2, 0.4
+
+
 def cpu_after_giving_up(url, model, settle_s=2.0):
-    """Send an endless non-streamed request, give up after 1 s, wait SETTLE_S, and return the engine's CPUs busy
-    over the next second."""
+    """Send an endless non-streamed request, give up after 1 s, wait SETTLE_S, and return the engine's CPU seconds
+    over the next WINDOW_S."""
     with pytest.raises(TimeoutError):
         post(url, dict(ENDLESS, model=model, messages=[{"role": "user", "content": "Tell a long story."}]), timeout=1)
     time.sleep(settle_s)
     engine = psutil.Process(engine_pid(url))
     before = sum(engine.cpu_times()[:2])
-    time.sleep(1.0)
+    time.sleep(WINDOW_S)
     return sum(engine.cpu_times()[:2]) - before
 
 
 def test_a_client_that_gives_up_stops_its_generation(patched_site, tiny_proxy_dir, tmp_path):
     model = str(tiny_proxy_dir)
     with serve(tiny_proxy_dir, tmp_path, threads=1, env={"PYTHONPATH": str(patched_site)}) as url:
-        assert cpu_after_giving_up(url, model) < 0.2
+        assert cpu_after_giving_up(url, model) < STOPPED_BELOW
         log = (tmp_path / "serve.log").read_text()
         assert "client gone: generation stopped" in log
         # Clients that stay get their answers, whole or streamed.
@@ -78,4 +85,4 @@ def test_a_client_that_gives_up_stops_its_generation(patched_site, tiny_proxy_di
 def test_unpatched_the_generation_runs_on_for_nobody(tiny_proxy_dir, tmp_path):
     """The same trial without the patch: the engine still generates seconds after its client went."""
     with serve(tiny_proxy_dir, tmp_path, threads=1) as url:
-        assert cpu_after_giving_up(url, str(tiny_proxy_dir)) > 0.5
+        assert cpu_after_giving_up(url, str(tiny_proxy_dir)) > GENERATING_ABOVE
