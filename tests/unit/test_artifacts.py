@@ -127,7 +127,7 @@ def fixture_mirror(tmp_path):
     proc.wait(timeout=20)
 
 
-def fetch(tmp_path, url, store, tasks, artifact, dest, expect_rc=0, more=None):
+def fetch(tmp_path, url, store, tasks, artifact, dest, expect_rc=0, more=None, check=False):
     """Run the role's entry points TASKS (artifact, artifact_tar; artifact_server first) on this machine as the host,
     with the role's defaults and VARIABLES: the JSON report."""
     playbook = tmp_path / "fetch.yml"
@@ -145,15 +145,16 @@ def fetch(tmp_path, url, store, tasks, artifact, dest, expect_rc=0, more=None):
     env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"), ANSIBLE_STDOUT_CALLBACK="ansible.posix.json",
                ANSIBLE_CALLBACKS_ENABLED="ansible.posix.json")
     run = subprocess.run([os.path.join(VENV_BIN, "ansible-playbook"), "-i", "localhost,", "-c", "local", str(playbook),
-                          "-e", json.dumps({"ansible_python_interpreter": os.path.join(VENV_BIN, "python")})],
+                          "-e", json.dumps({"ansible_python_interpreter": os.path.join(VENV_BIN, "python")})]
+                         + (["--check"] if check else []),
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=False)
     assert run.returncode == expect_rc, run.stdout[-4000:] + run.stderr[-2000:]
     report = json.loads(run.stdout)
     return report["stats"]["localhost"], [task for play in report["plays"] for task in play["tasks"]]
 
 
-def gets(log):
-    return sum(1 for line in log.read_text().splitlines() if '"GET /sha256/' in line) if log.exists() else 0
+def gets(log, method="GET"):
+    return sum(1 for line in log.read_text().splitlines() if f'"{method} /sha256/' in line) if log.exists() else 0
 
 
 def test_hosts_fetch_from_the_mirror_once_and_fetch_a_damaged_file_again(tmp_path, mirror):
@@ -174,6 +175,17 @@ def test_hosts_fetch_from_the_mirror_once_and_fetch_a_damaged_file_again(tmp_pat
     (host / "model.safetensors").write_bytes(weights[:1000])
     stats, dummy = fetch(tmp_path, url, store, "artifact", model, host)
     assert stats["changed"] > 0 and gets(log) == 4 and (host / "model.safetensors").read_bytes() == weights
+
+
+def test_check_mode_on_a_fresh_host_asks_the_mirror_and_writes_nothing(tmp_path, mirror):
+    url, store, log = mirror
+    model = model_folder(tmp_path / "controller" / "qwen3-proxy")
+    # The mirror has the files (an earlier host's run stored them); this host has not even the folders.
+    artifacts.publish(str(model), str(store))
+    host = tmp_path / "host" / "models" / "qwen3-proxy"
+    stats, dummy = fetch(tmp_path, url, store, "artifact", model, host, check=True)
+    assert stats["changed"] > 0 and gets(log, "HEAD") == 3 and gets(log) == 0
+    assert not (tmp_path / "host").exists()
 
 
 def test_a_file_the_mirror_serves_damaged_never_takes_its_place(tmp_path, mirror):
