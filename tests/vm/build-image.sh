@@ -88,10 +88,12 @@ chroot "$mnt" apt-get clean
 # from the command line, so that the tuning must replace a parameter (once) and the rollback bring it back.
 # panic=10: a panicking guest reboots instead of hanging until the SSH wait gives up (in CI of cdb8a82 the
 # initramfs' run-init failed once, "nuking initramfs contents: Directory not empty", beside the llama.cpp compile;
-# the same image booted at the next try).
+# the same image booted at the next try). hung_task_panic=1: so does a boot whose tasks stay blocked past the
+# hung-task detector's 120 s (in the clean-clone run of 812baf6, the boot after the rollback stopped in the
+# initramfs: synchronize_rcu in do_free_init never returned, udev's worker blocked, beside two molecule scenarios).
 sed -i -e 's/^GRUB_TIMEOUT=.*/GRUB_TIMEOUT=1/' \
   -e 's/^GRUB_CMDLINE_LINUX_DEFAULT=.*/GRUB_CMDLINE_LINUX_DEFAULT=""/' \
-  -e 's/^GRUB_CMDLINE_LINUX=.*/GRUB_CMDLINE_LINUX="console=ttyS0,115200n8 transparent_hugepage=madvise panic=10"/' \
+  -e 's/^GRUB_CMDLINE_LINUX=.*/GRUB_CMDLINE_LINUX="console=ttyS0,115200n8 transparent_hugepage=madvise panic=10 hung_task_panic=1"/' \
   -e 's/^#\?GRUB_TERMINAL=.*/GRUB_TERMINAL="serial console"\nGRUB_SERIAL_COMMAND="serial --unit=0 --speed=115200"/' \
   "$mnt/etc/default/grub"
 chroot "$mnt" grub-install --target=i386-pc "$loop" >>"$LLMTUNE_VM_DIR/debootstrap.log" 2>&1
