@@ -127,6 +127,8 @@ def render(tmp_path, env, extra):
   tasks:
     - ansible.builtin.include_vars: {ROOT}/roles/balancer/defaults/main.yml
     - ansible.builtin.include_vars: {ROOT}/roles/balancer/vars/main.yml
+    - ansible.builtin.include_vars:
+        {{file: {ROOT}/roles/inference_service/defaults/main.yml, name: __balancer_inference_defaults}}
     - ansible.builtin.template:
         {{src: {ROOT}/roles/balancer/templates/503.http.j2, dest: "{{{{ __balancer_error_file }}}}", mode: "0644"}}
     - ansible.builtin.template:
@@ -140,11 +142,13 @@ def render(tmp_path, env, extra):
     return config
 
 
-def inventory(tmp_path, engines):
+def inventory(tmp_path, engines, defaults=()):
+    """Inference hosts with the port and one slot of each engine, and hosts named in DEFAULTS with neither."""
     local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
     hosts = {name: {**local, "balancer_server_address": "127.0.0.1",
                     "inference_service_proxy_port": engine.server_address[1], "inference_service_max_concurrent": 1}
              for name, engine in engines.items()}
+    hosts.update({name: {**local, "balancer_server_address": "127.0.0.1"} for name in defaults})
     (tmp_path / "inventory.yml").write_text(json.dumps({
         "inference_nodes": {"hosts": hosts}, "balancer": {"hosts": {"lb": local}}}))
 
@@ -305,7 +309,10 @@ def test_without_a_certificate_it_listens_in_plain_http(tmp_path):
     dummy, dummy, env = PROGRAMS
     env = dict(env, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
     engine = Engine(free_port())
-    inventory(tmp_path, {"node1": engine})
+    # node2 sets neither its nginx's port nor its limit: the inference_service role's defaults.
+    inventory(tmp_path, {"node1": engine}, defaults=["node2"])
     engine.server_close()
-    config = render(tmp_path, env, dict(paths(tmp_path), balancer_port=8443))
-    assert re.findall(r"^\s*bind .*$", config.read_text(), flags=re.M) == ["    bind 127.0.0.1:8443"]
+    config = render(tmp_path, env, dict(paths(tmp_path), balancer_port=8443)).read_text()
+    assert re.findall(r"^\s*bind .*$", config, flags=re.M) == ["    bind 127.0.0.1:8443"]
+    assert re.findall(r"^\s*server .*$", config, flags=re.M) == [
+        f"    server node1 127.0.0.1:{engine.server_address[1]} maxconn 1", "    server node2 127.0.0.1:8080 maxconn 4"]
