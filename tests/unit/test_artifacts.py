@@ -129,7 +129,7 @@ def fixture_mirror(tmp_path):
 
 def fetch(tmp_path, url, store, tasks, artifact, dest, expect_rc=0, more=None, check=False):
     """Run the role's entry points TASKS (artifact, artifact_tar; artifact_server first) on this machine as the host,
-    with the role's defaults and VARIABLES: the JSON report."""
+    with the role's defaults and the variables in MORE, in check mode with CHECK: (the host's stats, its tasks)."""
     playbook = tmp_path / "fetch.yml"
     playbook.write_text(json.dumps([{
         "hosts": "localhost", "gather_facts": False,
