@@ -159,10 +159,10 @@ def wait_healthy(proc, url, log_path, name, timeout=120, path="/health", any_sta
 
 
 @contextlib.contextmanager
-def serve(model_dir, log_dir, threads, cpus=None, env=None):
+def serve(model_dir, log_dir, threads, cpus=None, env=None, stop_timeout=20):
     """The real `transformers serve` with MODEL_DIR preloaded on 127.0.0.1 and THREADS torch threads, bound to the
     set CPUS when given (sched_setaffinity(2)), with ENV added to its environment; yields its base URL and ends it
-    afterwards."""
+    afterwards (SIGTERM, then SIGKILL after STOP_TIMEOUT seconds)."""
     port = free_port()
     log_path = log_dir / "serve.log"
     cmd = [os.path.join(VENV_BIN, "transformers"), "serve", str(model_dir), "--device", "cpu",
@@ -178,7 +178,7 @@ def serve(model_dir, log_dir, threads, cpus=None, env=None):
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=20)
+            proc.wait(timeout=stop_timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

@@ -84,5 +84,6 @@ def test_a_client_that_gives_up_stops_its_generation(patched_site, tiny_proxy_di
 
 def test_unpatched_the_generation_runs_on_for_nobody(tiny_proxy_dir, tmp_path):
     """The same trial without the patch: the engine still generates seconds after its client went."""
-    with serve(tiny_proxy_dir, tmp_path, threads=1) as url:
+    # Its graceful stop would wait for that generation: killed after 1 s instead.
+    with serve(tiny_proxy_dir, tmp_path, threads=1, stop_timeout=1) as url:
         assert cpu_after_giving_up(url, str(tiny_proxy_dir)) > GENERATING_ABOVE
