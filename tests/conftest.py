@@ -117,6 +117,32 @@ def proxy_model_dir(tmp_path_factory):
     return out
 
 
+# Debian's nginx and its njs module, unpacked into the cache by scripts/setup-controller.sh (not installed: no service).
+NGINX_ROOT = os.path.join(os.environ.get("LLMTUNE_CACHE", os.path.join(ROOT, ".cache")), "nginx")
+
+
+@contextlib.contextmanager
+def run_nginx(prefix, http, url, js=False, user=None):
+    """Debian's nginx in the foreground with folder PREFIX: an http block of HTTP (temporary files under PREFIX), the
+    njs module when JS, its workers run as USER when given. Waits until URL answers with any HTTP status, yields the
+    process and stops it afterwards; skips the test when nginx is not unpacked."""
+    binary = os.path.join(NGINX_ROOT, "usr", "sbin", "nginx")
+    if not os.path.exists(binary):
+        pytest.skip("needs Debian's nginx unpacked by scripts/setup-controller.sh")
+    temp = " ".join(f"{name}_temp_path {prefix}/{name};" for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
+    module = os.path.join(NGINX_ROOT, "usr", "lib", "nginx", "modules", "ngx_http_js_module.so")
+    (prefix / "nginx.conf").write_text((f"load_module {module};\n" if js else "") + (f"user {user};\n" if user else "")
+                                       + f"pid {prefix}/nginx.pid;\nevents {{}}\nhttp {{ {temp} {http} }}\n")
+    proc = subprocess.Popen([binary, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "error.log"),
+                             "-g", "daemon off; worker_processes 1;"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        wait_healthy(proc, url, prefix / "error.log", "nginx", timeout=30, path="", any_status=True)
+        yield proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+
+
 def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -9,15 +9,12 @@ import os
 import signal
 import subprocess
 import tarfile
-import time
-import urllib.request
 from multiprocessing import Pool
 
 import pytest
 from ansible.module_utils import llmtune_artifacts as artifacts
-from conftest import ROOT, VENV_BIN, free_port
+from conftest import ROOT, VENV_BIN, free_port, run_nginx
 
-NGINX = os.path.join(os.environ.get("LLMTUNE_CACHE", os.path.join(ROOT, ".cache")), "nginx", "usr", "sbin", "nginx")
 
 
 def model_folder(path):
@@ -99,32 +96,15 @@ def test_forks_publishing_one_artifact_at_once_agree(tmp_path):
 @pytest.fixture(name="mirror")
 def fixture_mirror(tmp_path):
     """Debian's nginx serving the store folder, logging each request: (URL, store, access log)."""
-    if not os.path.exists(NGINX):
-        pytest.skip("needs Debian's nginx unpacked by scripts/setup-controller.sh")
     store, prefix = tmp_path / "store", tmp_path / "nginx"
     store.mkdir()
     prefix.mkdir()
     port = free_port()
-    temp = " ".join(f"{name}_temp_path {prefix}/{name};" for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    (prefix / "nginx.conf").write_text(
-        # The pytest folder is private to its user: the workers run as that user too.
-        f"user root;\npid {prefix}/nginx.pid;\nevents {{}}\nhttp {{ {temp} access_log {prefix}/access.log;"
-        f" server {{ listen 127.0.0.1:{port}; root {store}; }} }}\n")
-    proc = subprocess.Popen([NGINX, "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "error.log"),
-                             "-g", "daemon off; worker_processes 1;"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url + "/", timeout=2)  # pylint: disable=consider-using-with
-        except urllib.error.HTTPError:
-            break
-        except OSError:
-            assert proc.poll() is None and time.monotonic() < deadline, (prefix / "error.log").read_text()
-            time.sleep(0.2)
-    yield url, store, prefix / "access.log"
-    proc.terminate()
-    proc.wait(timeout=20)
+    # The pytest folder is private to its user: the workers run as that user too.
+    with run_nginx(prefix, f"access_log {prefix}/access.log; server {{ listen 127.0.0.1:{port}; root {store}; }}",
+                   url + "/", user="root"):
+        yield url, store, prefix / "access.log"
 
 
 def fetch(tmp_path, url, store, tasks, artifact, dest, expect_rc=0, more=None, check=False):

@@ -19,7 +19,7 @@ import kernel_cmdline
 import llmtune_metrics
 import pytest
 import tuning_drift
-from conftest import (FIXTURES, ROOT, VENV_BIN, copy_tree, free_port, node_exporter_program, read,
+from conftest import (FIXTURES, ROOT, VENV_BIN, copy_tree, free_port, node_exporter_program, read, run_nginx,
                       wait_healthy)
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -333,43 +333,17 @@ def fake_engine(index, seen):
 @pytest.fixture(name="proxy", scope="module")
 def fixture_proxy(tmp_path_factory):
     """The role's nginx site in front of two engines (inference_service_layout per_node); yields (port, seen)."""
-    from test_proxy_nginx import NGINX_ROOT, render
-    if not os.path.exists(os.path.join(NGINX_ROOT, "usr", "sbin", "nginx")):
-        pytest.skip("nginx is not unpacked in the cache (scripts/setup-controller.sh)")
+    from test_proxy_nginx import proxy_site
     seen = []
     engines = [fake_engine(index, seen) for index in range(2)]
     prefix = tmp_path_factory.mktemp("nginx")
     port = free_port()
-    variables = {"inference_proxy_name": "llm-test", "inference_proxy_listen": "127.0.0.1", "inference_proxy_port": port,
-                 "inference_proxy_api_key": CLIENT_KEY, "inference_proxy_extra_api_keys": [],
-                 "inference_proxy_backends": [f"127.0.0.1:{engine.server_port}" for engine in engines],
-                 "inference_proxy_max_concurrent": 4, "inference_proxy_max_body_size": "256k",
-                 "inference_proxy_read_timeout": 60, "inference_proxy_upstream_keepalive_timeout": 4,
-                 "inference_proxy_request_checks": True, "inference_proxy_max_output_tokens": 16,
-                 "inference_proxy_backend_api_key": ENGINE_KEY,
-                 "inference_proxy_access_log": str(prefix / "access.log"),
-                 "__inference_proxy_key_file": str(prefix / "key.conf"),
-                 "__inference_proxy_backend_auth_file": str(prefix / "backend-auth.conf"),
-                 "__inference_proxy_checks_file": os.path.join(ROOT, "roles", "inference_proxy", "files",
-                                                               "openai-requests.js")}
-    for template, dest in (("key.conf.j2", "key.conf"), ("backend-auth.conf.j2", "backend-auth.conf"),
-                           ("proxy.conf.j2", "site.conf")):
-        render(template, prefix / dest, variables)
-    temp = " ".join(f"{name}_temp_path {prefix}/{name};" for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    module = os.path.join(NGINX_ROOT, "usr", "lib", "nginx", "modules", "ngx_http_js_module.so")
-    (prefix / "nginx.conf").write_text(f"load_module {module};\npid {prefix}/nginx.pid;\nevents {{}}\n"
-                                       f"http {{ access_log off; {temp} include {prefix}/site.conf; }}\n")
-    proc = subprocess.Popen([os.path.join(NGINX_ROOT, "usr", "sbin", "nginx"), "-p", str(prefix), "-c",
-                             str(prefix / "nginx.conf"), "-e", str(prefix / "error.log"),
-                             "-g", "daemon off; worker_processes 1;"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.STDOUT)
+    http = proxy_site(prefix, port, [f"127.0.0.1:{engine.server_port}" for engine in engines], CLIENT_KEY, ENGINE_KEY,
+                      inference_proxy_max_output_tokens=16)
     try:
-        wait_healthy(proc, f"http://127.0.0.1:{port}", prefix / "error.log", "nginx", timeout=30, path="/metrics",
-                     any_status=True)
-        yield port, seen
+        with run_nginx(prefix, http, f"http://127.0.0.1:{port}/metrics", js=True):
+            yield port, seen
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
         for engine in engines:
             engine.shutdown()
 

@@ -11,13 +11,11 @@ import http.client
 import json
 import os
 import subprocess
-import time
 import urllib.parse
 
 import pytest
-from conftest import ROOT, VENV_BIN, free_port
+from conftest import ROOT, VENV_BIN, free_port, run_nginx
 
-NGINX_ROOT = os.path.join(os.environ.get("LLMTUNE_CACHE", os.path.join(ROOT, ".cache")), "nginx")
 MAX_OUTPUT_TOKENS = 16
 KEY = "client-key-0123456789abcdefABCDEF+/"
 EXTRA_KEY = "second-client-key-0123456789abcdefXYZ"
@@ -38,44 +36,38 @@ def prefix(tmp_path_factory):
     return tmp_path_factory.mktemp("nginx")
 
 
-@pytest.fixture(scope="module")
-def proxy(inference_server, prefix):
-    """nginx with the role's site in front of the served tiny proxy; yields its port."""
-    upstream = urllib.parse.urlsplit(inference_server).netloc
-    port = free_port()
+def proxy_site(prefix, port, backends, api_key, backend_api_key, **more):
+    """The role's site (proxy.conf.j2 and the key, engine key and request check files it includes) rendered into
+    PREFIX for nginx on 127.0.0.1:PORT in front of BACKENDS; MORE overrides the role's variables. Returns the http
+    block that includes it."""
     variables = {"inference_proxy_name": "llm-test", "inference_proxy_listen": "127.0.0.1", "inference_proxy_port": port,
-                 "inference_proxy_api_key": KEY, "inference_proxy_extra_api_keys": [EXTRA_KEY],
-                 "inference_proxy_backends": [upstream], "inference_proxy_max_concurrent": 8,
+                 "inference_proxy_api_key": api_key, "inference_proxy_extra_api_keys": [],
+                 "inference_proxy_backends": backends, "inference_proxy_max_concurrent": 4,
                  "inference_proxy_max_body_size": "256k", "inference_proxy_read_timeout": 60,
                  "inference_proxy_upstream_keepalive_timeout": 4, "inference_proxy_request_checks": True,
                  "inference_proxy_max_output_tokens": MAX_OUTPUT_TOKENS,
-                 # transformers serve checks no key of its own: nginx sends it none.
-                 "inference_proxy_backend_api_key": "",
+                 "inference_proxy_backend_api_key": backend_api_key,
                  "inference_proxy_access_log": str(prefix / "access.log"),
                  "__inference_proxy_key_file": str(prefix / "key.conf"),
                  "__inference_proxy_backend_auth_file": str(prefix / "backend-auth.conf"),
                  "__inference_proxy_checks_file": os.path.join(ROOT, "roles", "inference_proxy", "files",
                                                                "openai-requests.js")}
-    render("key.conf.j2", prefix / "key.conf", variables)
-    render("backend-auth.conf.j2", prefix / "backend-auth.conf", variables)
-    render("proxy.conf.j2", prefix / "site.conf", variables)
-    # The main configuration of the package, reduced to what a site needs, with paths under the prefix.
-    temp = " ".join(f"{name}_temp_path {prefix}/{name};" for name in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"))
-    module = os.path.join(NGINX_ROOT, "usr", "lib", "nginx", "modules", "ngx_http_js_module.so")
-    (prefix / "nginx.conf").write_text(f"load_module {module};\npid {prefix}/nginx.pid;\nevents {{}}\n"
-                                       f"http {{ access_log off; {temp} include {prefix}/site.conf; }}\n")
-    proc = subprocess.Popen([os.path.join(NGINX_ROOT, "usr", "sbin", "nginx"), "-p", str(prefix), "-c", str(prefix / "nginx.conf"), "-e", str(prefix / "error.log"),
-                             "-g", "daemon off; worker_processes 1;"], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 30
-        while post(port, "/health", None, method="GET")[0] != 200:
-            assert proc.poll() is None, (prefix / "error.log").read_text()
-            assert time.monotonic() < deadline, "nginx not answering in 30 s"
-            time.sleep(0.2)
+    variables.update(more)
+    for template, dest in (("key.conf.j2", "key.conf"), ("backend-auth.conf.j2", "backend-auth.conf"),
+                           ("proxy.conf.j2", "site.conf")):
+        render(template, prefix / dest, variables)
+    return f"access_log off; include {prefix}/site.conf;"
+
+
+@pytest.fixture(scope="module")
+def proxy(inference_server, prefix):
+    """nginx with the role's site in front of the served tiny proxy; yields its port."""
+    port = free_port()
+    # transformers serve checks no key of its own: nginx sends it none.
+    http = proxy_site(prefix, port, [urllib.parse.urlsplit(inference_server).netloc], KEY, "",
+                      inference_proxy_extra_api_keys=[EXTRA_KEY], inference_proxy_max_concurrent=8)
+    with run_nginx(prefix, http, f"http://127.0.0.1:{port}/health", js=True):
         yield port
-    finally:
-        proc.terminate()
-        proc.wait(timeout=20)
 
 
 def post(port, path, body, key=KEY, method="POST", scheme="Bearer"):
