@@ -32,6 +32,9 @@ options:
   name:
     description: The manifest's name. Default is the basename of O(path).
     type: str
+  dest:
+    description: The path the artifact takes on a host; each file of RV(files) then names its own path there.
+    type: str
 attributes:
   check_mode:
     support: full
@@ -70,12 +73,13 @@ manifest:
   type: str
   sample: /var/cache/llmtune/mirror/manifests/qwen3-0.6b-2l-proxy.json
 files:
-  description: Each file of the artifact, by name; C(path) is empty for an artifact that is one file.
+  description: Each file of the artifact, by name; C(path) is empty for an artifact that is one file; C(dest), its
+    path on a host, with O(dest).
   returned: always
   type: list
   elements: dict
   sample: [{"path": "model.safetensors", "sha256": "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
-            "size": 1192135096}]
+            "size": 1192135096, "dest": "/opt/llmtune/models/qwen3-0.6b/model.safetensors"}]
 folders:
   description: The folders of an artifact that is a folder, by path inside it (an empty string for itself); empty
     for an artifact that is one file.
@@ -100,11 +104,13 @@ def main():
             "path": {"type": "path", "required": True},
             "store": {"type": "path", "required": True},
             "name": {"type": "str"},
+            "dest": {"type": "str"},
         },
         supports_check_mode=True,
     )
     try:
-        result = publish(module.params["path"], module.params["store"], module.params["name"], module.check_mode)
+        result = publish(module.params["path"], module.params["store"], module.params["name"], module.check_mode,
+                         module.params["dest"])
     except ArtifactError as error:
         module.fail_json(msg=str(error))
     module.exit_json(**result)

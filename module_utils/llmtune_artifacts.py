@@ -14,6 +14,7 @@ import fcntl
 import hashlib
 import json
 import os
+import posixpath
 import shutil
 
 from ansible.module_utils.llmtune_state import write_atomic
@@ -76,10 +77,11 @@ def _place(source, target):
     os.replace(part, target)
 
 
-def publish(path, store, name=None, check=False):
+def publish(path, store, name=None, check=False, dest=None):
     """Put every file of the artifact PATH into STORE under its SHA-256, and write its manifest.
 
-    Returns {"name", "manifest" (its path), "files": [{"path", "sha256", "size"}], "folders" (of a folder
+    Returns {"name", "manifest" (its path), "files": [{"path", "sha256", "size"}, with "dest", the file's path on a
+    host, when DEST (the artifact's path there) is given], "folders" (of a folder
     artifact: its folders by path inside it, "" for itself; none for a file), "placed": [hex of the files new in
     the store], "changed"}. With CHECK, computes the same without writing anything. Concurrent calls
     (forks publishing the same model for several hosts) wait for each other on the store's lock, so a file is read
@@ -140,5 +142,8 @@ def publish(path, store, name=None, check=False):
         if lock is not None:
             lock.close()
     folders = sorted({os.path.dirname(inside) for inside, _full in entries}) if entries[0][0] else []
+    if dest:
+        # Beside the manifest's entries, not in them: the manifest is the artifact's, whichever host fetches it.
+        files = [dict(entry, dest=posixpath.join(dest, entry["path"]) if entry["path"] else dest) for entry in files]
     return {"name": name, "manifest": manifest, "files": files, "folders": folders, "placed": placed,
             "changed": bool(placed) or manifest_changed}

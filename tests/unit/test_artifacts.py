@@ -45,6 +45,12 @@ def test_a_folder_is_stored_once_by_sum_with_its_manifest(tmp_path):
     assert manifest == {"name": "qwen3-proxy", "files": first["files"]}
     second = artifacts.publish(str(model), str(store))
     assert second["files"] == first["files"] and second["placed"] == [] and not second["changed"]
+    # Each file's path on a host, for the artifact's path there; the manifest stays the artifact's own.
+    third = artifacts.publish(str(model), str(store), dest="/opt/llmtune/models/qwen3-proxy")
+    assert [f["dest"] for f in third["files"]] == ["/opt/llmtune/models/qwen3-proxy/config.json",
+                                                   "/opt/llmtune/models/qwen3-proxy/model.safetensors",
+                                                   "/opt/llmtune/models/qwen3-proxy/tokenizer/vocab.json"]
+    assert not third["changed"] and json.loads((store / "manifests" / "qwen3-proxy.json").read_text()) == manifest
 
 
 def test_a_second_publish_reads_no_file_and_a_changed_file_is_read_again(tmp_path, monkeypatch):
@@ -66,8 +72,9 @@ def test_a_second_publish_reads_no_file_and_a_changed_file_is_read_again(tmp_pat
 def test_check_mode_computes_the_sums_and_writes_nothing(tmp_path):
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF" + os.urandom(1000))
-    result = artifacts.publish(str(model), str(tmp_path / "store"), check=True)
-    assert result["files"] == [{"path": "", "sha256": hashlib.sha256(model.read_bytes()).hexdigest(), "size": 1004}]
+    result = artifacts.publish(str(model), str(tmp_path / "store"), check=True, dest="/opt/llmtune/models/m.gguf")
+    assert result["files"] == [{"path": "", "sha256": hashlib.sha256(model.read_bytes()).hexdigest(), "size": 1004,
+                                "dest": "/opt/llmtune/models/m.gguf"}]
     assert result["folders"] == [] and result["changed"] and not (tmp_path / "store").exists()
 
 
