@@ -316,3 +316,29 @@ def test_without_a_certificate_it_listens_in_plain_http(tmp_path):
     assert re.findall(r"^\s*bind .*$", config, flags=re.M) == ["    bind 127.0.0.1:8443"]
     assert re.findall(r"^\s*server .*$", config, flags=re.M) == [
         f"    server node1 127.0.0.1:{engine.server_address[1]} maxconn 1", "    server node2 127.0.0.1:8080 maxconn 4"]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"balancer_port": 0}, "balancer_port must be a TCP port (1-65535) (got 0)"),
+    ({"balancer_health_path": "health"}, 'balancer_health_path must be a path starting with / (got "health")'),
+    ({"balancer_drain_timeout_s": 1}, "balancer_drain_timeout_s must be 2 or more (got 1)"),
+    ({"balancer_servers_group": "nowhere"},
+     'balancer_servers_group must be a group of the inventory with at least one host (got "nowhere")'),
+])
+def test_a_bad_variable_is_named_before_anything_is_recorded_or_installed(tmp_path, bad, message):
+    dummy, dummy, env = PROGRAMS
+    env = dict(env, ANSIBLE_CONFIG=os.path.join(ROOT, "ansible.cfg"))
+    engine = Engine(free_port())
+    inventory(tmp_path, {"node1": engine})
+    engine.server_close()
+    extra = dict(paths(tmp_path), balancer_state_path=str(tmp_path / "state.json"), **bad)
+    (tmp_path / "playbook.yml").write_text(f"""
+- hosts: balancer
+  gather_facts: false
+  roles: [{ROOT}/roles/balancer]
+""")
+    run = subprocess.run(["ansible-playbook", "-i", str(tmp_path / "inventory.yml"), str(tmp_path / "playbook.yml"),
+                          "-e", json.dumps(extra)], cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    assert run.returncode == 2 and message in run.stdout, run.stdout[-3000:]
+    assert "Traceback" not in run.stdout + run.stderr
+    assert not (tmp_path / "state.json").exists() and not (tmp_path / "haproxy.cfg").exists()
