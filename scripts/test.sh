@@ -2,11 +2,10 @@
 # Every test: lint, module docs, unit tests, the molecule scenarios in local podman nodes, and the reboot
 # proof in a QEMU VM (tests/vm/run.sh).
 # The VM's CPU is emulated and needs about half an hour of CPU, so it runs in the background from the start, beside
-# everything whose figures gate nothing: the one-off llama.cpp build, lint and the scenarios llama_cpp (API checks),
-# rollback (no service) and fleet (a tiny proxy, no threshold but an impossible one). The benchmarks that count (the
-# guidellm cross-check, molecule default up to its verify: site.yml with its auto-tune stage) run after it, alone:
-# next to two emulated CPUs, llama.cpp decode fell from ~40 to 3.5 tokens/s even at SCHED_IDLE priority. The unit
-# tests run beside the rest of molecule default (its side effect), which measures nothing.
+# everything whose figures gate nothing: the one-off llama.cpp build, lint, unit tests and the scenarios llama_cpp
+# (API checks), rollback (no service) and fleet (a tiny proxy, no threshold but an impossible one). The benchmarks
+# that count (the guidellm cross-check, molecule default: site.yml with its auto-tune stage) run after it, alone: next
+# to two emulated CPUs, llama.cpp decode fell from ~40 to 3.5 tokens/s even at SCHED_IDLE priority.
 #   ./scripts/test.sh           the whole suite (the README's test command, CI)
 #   ./scripts/test.sh --quick   day-to-day subset: lint, module docs, unit tests, molecule rollback (no VM)
 set -euo pipefail
@@ -83,15 +82,6 @@ molecule_run() {
   ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks PROFILE_TASKS_TASK_OUTPUT_LIMIT=15 molecule "$@"
 }
 molecule_test() { molecule_run test -s "$1"; }
-# Actions of a scenario's test sequence (its molecule.yml), one molecule command each, where `molecule test` cannot
-# stop between two; on a failure its node is destroyed, as `molecule test` does.
-molecule_actions() {
-  local scenario=$1 action
-  shift
-  for action in "$@"; do
-    molecule_run "${action//_/-}" -s "$scenario" || { molecule destroy -s "$scenario" >/dev/null 2>&1 || true; return 1; }
-  done
-}
 mkdir -p "$LLMTUNE_CACHE/vm"
 vm_log=$LLMTUNE_CACHE/vm/run.log
 vm_pid= vm_wall=
@@ -100,8 +90,8 @@ vm_pid= vm_wall=
 stop_group() {
   if [ -n "$1" ] && kill -0 "$1" 2>/dev/null; then kill -- "-$1"; wait "$1" || true; fi
 }
-unit_pid= rollback_pid=
-trap 'stop_group "$unit_pid"; stop_group "$rollback_pid"; stop_group "$vm_pid"; print_phases' EXIT
+rollback_pid=
+trap 'stop_group "$rollback_pid"; stop_group "$vm_pid"; print_phases' EXIT
 beside=
 if ! $quick; then
   beside=" (beside the VM)"
@@ -137,9 +127,8 @@ if $quick; then
   wait_lint
 else
   # The node image's debootstrap waits on the mirror and the disk, as the VM's own image build does, so the two
-  # overlap; then molecule rollback, which needs no engine build. Both beside the compile, which the VM's service
-  # deploy waits for: in the clean-clone run of 812baf6 the compile started after the image and the linters (205 s
-  # in) and the VM waited about 150 s for it.
+  # overlap; then molecule rollback, which needs no engine build. Both beside the compile, the longest one-off: after
+  # the image and the linters it ended 958 s in (clean-clone run of 812baf6), beside them 822 s in (of 8c86ce5).
   image_log=$LLMTUNE_CACHE/node-image.log
   setsid bash -c "'$LLMTUNE_ROOT/scripts/build-node-image.sh' >'$image_log' 2>&1 || exit 1
     $(declare -f molecule_run molecule_test); molecule_test rollback" >"$LLMTUNE_CACHE/molecule-rollback.log" 2>&1 &
@@ -156,15 +145,11 @@ else
     sleep 2
   done
 fi
-# The unit tests in two processes (pytest-xdist): a single one keeps one of the two CPUs busy. In the full suite,
-# beside the last measured scenario once its figures are taken (below).
+# The unit tests in two processes (pytest-xdist): a single one keeps one of the two CPUs busy.
 pytest_log=$LLMTUNE_CACHE/pytest.log
-unit_tests() { python -m pytest tests/unit -q -m "not crosscheck" -n 2 >"$pytest_log" 2>&1; }
-if $quick; then
-  step "unit tests"
-  unit_tests || { cat "$pytest_log"; exit 1; }
-  tail -1 "$pytest_log"
-fi
+step "unit tests$beside"
+python -m pytest tests/unit -q -m "not crosscheck" -n 2 >"$pytest_log" 2>&1 || { cat "$pytest_log"; exit 1; }
+tail -1 "$pytest_log"
 
 # --quick: the tuning roles, their drift check and rollback (about 5 minutes, no engine build); molecule default
 # (site.yml with the auto-tune stage, about 14 minutes) is the whole suite's.
@@ -206,34 +191,6 @@ fi
 # Alone, nothing else running: the benchmark against guidellm (request by request in turn), then the scenarios
 # whose figures count.
 step "benchmark cross-check with guidellm (unit test)"; python -m pytest tests/unit -q -s -m crosscheck
-if $quick; then
-  for scenario in "${measured[@]}"; do
-    step "molecule $scenario"; molecule_test "$scenario"
-  done
-else
-  # A scenario's figures are taken and checked up to its verify (molecule default: the baseline in prepare, the
-  # auto-tune and the validation in converge, a validation again in verify); what follows measures nothing (default's
-  # side effect: the pinned stack and its API checks) and left about half of the 2 CPUs idle, so the last scenario's
-  # rest runs beside the unit tests.
-  last=${measured[-1]}
-  for scenario in "${measured[@]}"; do
-    read -r -a sequence <<<"$(python -c 'import sys, yaml
-print(" ".join(yaml.safe_load(open(sys.argv[1]))["scenario"]["test_sequence"]))' "molecule/$scenario/molecule.yml")"
-    split=0
-    while [ "$split" -lt $((${#sequence[@]} - 1)) ] && [ "${sequence[$split]}" != verify ]; do split=$((split + 1)); done
-    step "molecule $scenario: ${sequence[*]:0:split+1}"
-    molecule_actions "$scenario" "${sequence[@]:0:split+1}"
-    if [ "$scenario" = "$last" ]; then
-      step "molecule $scenario: ${sequence[*]:split+1}, beside the unit tests"
-      setsid bash -c "$(declare -f unit_tests); pytest_log='$pytest_log' unit_tests" &
-      unit_pid=$!
-      molecule_actions "$scenario" "${sequence[@]:split+1}"
-      wait "$unit_pid" || { cat "$pytest_log"; echo "== unit tests failed"; exit 1; }
-      unit_pid=
-      tail -1 "$pytest_log"
-    else
-      step "molecule $scenario: ${sequence[*]:split+1}"
-      molecule_actions "$scenario" "${sequence[@]:split+1}"
-    fi
-  done
-fi
+for scenario in "${measured[@]}"; do
+  step "molecule $scenario"; molecule_test "$scenario"
+done
