@@ -506,9 +506,10 @@ def test_fleet_table_note_and_the_checks_of_the_fleet_scenario():
 FLEET_ROW = "roles/fleet_report/tasks/main.yml"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", autouse=True)
 def plugins():
-    """ansible-core's plugin loader, for expressions that use lookups (the file lookup)."""
+    """ansible-core's plugin loader, for expressions and templates that use lookups (file, template): for every test
+    of this file, so that none depends on another having run first in its process."""
     init_plugin_loader()
 
 
@@ -522,7 +523,7 @@ def plugins():
     ({"reported": "2026-12-02T03:10:00Z", "reused": False,
       "result": {"started": "2026-12-02T03:09:00Z", "summary": {"decode_tokens_per_s": 9.9}}}, None, ""),
 ])
-def test_fleet_row_takes_this_runs_report_even_when_it_reused_a_validation(plugins, tmp_path, report, tuned, measured):
+def test_fleet_row_takes_this_runs_report_even_when_it_reused_a_validation(tmp_path, report, tuned, measured):
     (tmp_path / "fleet.json").write_text(json.dumps({"started": "2026-12-02T04:35:00Z", "hosts": {}}))
     (tmp_path / "node.json").write_text(json.dumps(report))
     tsk = task(FLEET_ROW, "Put the row together")
