@@ -78,10 +78,9 @@ cd "$LLMTUNE_ROOT"
 # First, since it takes seconds: a style fault fails the run before the long builds, not after them.
 step "yamllint"; yamllint -s .
 # A scenario, with its slowest tasks listed at the end of each playbook: where its time goes.
-molecule_run() {
-  ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks PROFILE_TASKS_TASK_OUTPUT_LIMIT=15 molecule "$@"
+molecule_test() {
+  ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks PROFILE_TASKS_TASK_OUTPUT_LIMIT=15 molecule test -s "$1"
 }
-molecule_test() { molecule_run test -s "$1"; }
 mkdir -p "$LLMTUNE_CACHE/vm"
 vm_log=$LLMTUNE_CACHE/vm/run.log
 vm_pid= vm_wall=
@@ -131,7 +130,7 @@ else
   # the image and the linters it ended 958 s in (clean-clone run of 812baf6), beside them 822 s in (of 8c86ce5).
   image_log=$LLMTUNE_CACHE/node-image.log
   setsid bash -c "'$LLMTUNE_ROOT/scripts/build-node-image.sh' >'$image_log' 2>&1 || exit 1
-    $(declare -f molecule_run molecule_test); molecule_test rollback" >"$LLMTUNE_CACHE/molecule-rollback.log" 2>&1 &
+    $(declare -f molecule_test); molecule_test rollback" >"$LLMTUNE_CACHE/molecule-rollback.log" 2>&1 &
   rollback_pid=$!
   # The VM's service deploy needs the llama.cpp build, after its two tuning runs; if it gets there first, the
   # build's lock makes it wait instead of building twice (in the clean-clone run of 25b6e9d the build took 2043 s
