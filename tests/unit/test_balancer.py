@@ -65,11 +65,13 @@ class EngineHandler(BaseHTTPRequestHandler):
                 time.sleep(self.server.step)
                 self.chunk(f"data: {json.dumps({'index': index})}\n\n")
             self.chunk("data: [DONE]\n\n")
-            self.wfile.write(b"0\r\n\r\n")
         finally:
+            # Counted before the last byte: only after it does the balancer send this engine another request and
+            # the client see its stream end.
             with self.server.lock:
                 self.server.in_flight -= 1
                 self.server.served += 1
+        self.wfile.write(b"0\r\n\r\n")
 
     def chunk(self, text):
         data = text.encode()
