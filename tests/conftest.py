@@ -143,6 +143,17 @@ def run_nginx(prefix, http, url, js=False, user=None):
         proc.wait(timeout=20)
 
 
+def log_lines(path, needle, count, timeout=10):
+    """The lines of the log at PATH that contain NEEDLE, once there are at least COUNT (or TIMEOUT seconds passed): a
+    server writes a request's line just after its response's last byte, so a client may read the log first."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [line for line in path.read_text().splitlines() if needle in line] if path.exists() else []
+        if len(lines) >= count or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)
+
+
 def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

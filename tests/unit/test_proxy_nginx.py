@@ -14,7 +14,7 @@ import subprocess
 import urllib.parse
 
 import pytest
-from conftest import ROOT, VENV_BIN, free_port, run_nginx
+from conftest import ROOT, VENV_BIN, free_port, log_lines, run_nginx
 
 MAX_OUTPUT_TOKENS = 16
 KEY = "client-key-0123456789abcdefABCDEF+/"
@@ -180,10 +180,12 @@ def test_the_longest_allowed_output_and_the_models_list_pass(proxy, tiny_proxy_d
 
 def test_the_access_log_names_the_engine_of_each_request(proxy, prefix, inference_server, tiny_proxy_dir):
     # With one engine per NUMA node, the log shows how nginx spread the requests and which engine failed.
+    log, needle = prefix / "access.log", '"POST /v1/chat/completions'
+    before = len(log_lines(log, needle, 0))
     assert post(proxy, "/v1/chat/completions", good_request(str(tiny_proxy_dir)))[0] == 200
     upstream = urllib.parse.urlsplit(inference_server).netloc
-    lines = [line for line in (prefix / "access.log").read_text().splitlines() if '"POST /v1/chat/completions' in line]
-    assert f"upstream={upstream} upstream_status=200 " in lines[-1]
+    lines = log_lines(log, needle, before + 1)
+    assert len(lines) == before + 1 and f"upstream={upstream} upstream_status=200 " in lines[-1], lines
     assert KEY not in (prefix / "access.log").read_text()
 
 
