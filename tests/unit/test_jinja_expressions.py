@@ -924,26 +924,26 @@ def service_vars(fixture, **overrides):
     # Two sockets, one node each, 2 physical cores per node (SMT siblings left out).
     ("qemu-2node", "per_node", True, [
         {"unit": "llm-inference@0.service", "node": 0, "port": 8000, "cpus": "0", "threads": 1, "numa_policy": "bind",
-         "numa_mask": "0"},
+         "numa_mask": "0", "slots": 2},
         {"unit": "llm-inference@1.service", "node": 1, "port": 8001, "cpus": "1", "threads": 1, "numa_policy": "bind",
-         "numa_mask": "1"}]),
+         "numa_mask": "1", "slots": 2}]),
     # Where set_mempolicy(2) is refused (container seccomp), pinned to the node's cores, memory unbound.
     ("qemu-2node", "per_node", None, [
         {"unit": "llm-inference@0.service", "node": 0, "port": 8000, "cpus": "0", "threads": 1, "numa_policy": "",
-         "numa_mask": ""},
+         "numa_mask": "", "slots": 2},
         {"unit": "llm-inference@1.service", "node": 1, "port": 8001, "cpus": "1", "threads": 1, "numa_policy": "",
-         "numa_mask": ""}]),
+         "numa_mask": "", "slots": 2}]),
     ("qemu-2node", "single", True, [
         {"unit": "llm-inference.service", "node": None, "port": 8000, "cpus": "0", "threads": 1, "numa_policy": "",
-         "numa_mask": ""}]),
+         "numa_mask": "", "slots": 4}]),
     # One node: one engine, whatever the layout asks.
     ("epyc-1socket", "per_node", True, [
         {"unit": "llm-inference.service", "node": None, "port": 8000, "cpus": "0 1 2 3 4 5 6 7", "threads": 8,
-         "numa_policy": "", "numa_mask": ""}]),
+         "numa_policy": "", "numa_mask": "", "slots": 4}]),
     # Issue 39, input 5: one node with cores (its memory on the CPU-less nodes): one engine, whatever the layout asks.
     ("power9-lpar-memless", "per_node", True, [
         {"unit": "llm-inference.service", "node": None, "port": 8000, "cpus": "0 4", "threads": 2,
-         "numa_policy": "", "numa_mask": ""}]),
+         "numa_policy": "", "numa_mask": "", "slots": 4}]),
 ])
 def test_the_engines_of_each_layout(fixture, layout, permitted, expected):
     variables = service_vars(fixture, inference_service_layout=layout)
@@ -955,6 +955,26 @@ def test_the_engines_of_each_layout(fixture, layout, permitted, expected):
         [i["port"] for i in expected] + [8100 + i for i in range(len(expected))]
     # Several engines get nginx in front even on loopback: clients need one endpoint.
     assert render("{{ __inference_service_proxied }}", **variables) is (len(expected) > 1)
+
+
+@pytest.mark.parametrize("layout, parallel, expected", [
+    # nginx admits 4 for the host: 2 slots, and a KV cache of 2 contexts, on each of the two engines.
+    ("per_node", 4, "--parallel 2 --ctx-size 8192 "),
+    # Rounded up: no engine is left without a slot.
+    ("per_node", 3, "--parallel 2 --ctx-size 8192 "),
+    ("per_node", 1, "--parallel 1 --ctx-size 4096 "),
+    ("single", 4, "--parallel 4 --ctx-size 16384 "),
+])
+def test_the_hosts_slots_are_split_between_its_engines(layout, parallel, expected):
+    variables = service_vars("qemu-2node", inference_service_layout=layout, inference_service_engine="llama_cpp",
+                             inference_service_parallel=parallel, inference_service_tuned=True)
+    variables["cpu_topology"]["numa_policy_permitted"] = True
+    variables.update(ansible_managed="managed", __inference_service_llama_server="/opt/llmtune/bin/llama-server",
+                     __inference_service_model_path="/opt/llmtune/models/m.gguf", __inference_service_allocator_lib="",
+                     __inference_service_mlock_bytes=0, ansible_facts=dict(variables["ansible_facts"], systemd={"version": 252}))
+    unit = render_template_file("roles/inference_service/templates/inference.service.j2", **variables)
+    execs = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert len(execs) == 1 and expected in execs[0], unit
 
 
 @pytest.mark.parametrize("ports, ok", [([8100], True), ([7999], False), ([8001], False), ([8002], True)])
