@@ -9,7 +9,7 @@
 #   reloaded     each FILE changed since the service last loaded its configuration, one per line: for a server
 #                that reloads by starting new worker processes (nginx(8): on SIGHUP the master starts new workers
 #                with the new configuration and old ones shut down gracefully), the start of its oldest worker that
-#                is not shutting down (the main process's when it has none). A run interrupted between writing
+#                is not on its way out (the main process's when it has none). A run interrupted between writing
 #                such a file and the reload leaves that behind.
 #   fingerprint  a sha256 of their content (the unit file) and of the name, size and time of every file under them,
 #                with the boot (proc(5) boot_id), the kernel command line and each FILE (e.g. the tuning state):
@@ -47,8 +47,13 @@ case $mode in
     find $inputs -maxdepth 0 -newermt "@$((btime + started_us / 1000000 + 1))" -print | sort -u ;;
   reloaded)
     [ "${pid:-0}" -gt 0 ] && [ $# -gt 0 ] || exit 0
-    # ps(1) etimes: seconds since each process started.
-    age=$( { ps -o etimes= -o args= --ppid "$pid" | grep -v 'shutting down' || true; } | awk '$1 > max {max = $1} END {print max + 0}')
+    # ps(1) etimes: seconds since each process started. Workers on their way out still run the configuration before
+    # and may outlive a long stream: nginx(8) titles them "shutting down", haproxy(1) names them after -sf in the
+    # arguments of the worker that replaced them.
+    workers=$(ps -o pid= -o etimes= -o args= --ppid "$pid" || true)
+    leaving=" $(printf '%s\n' "$workers" | grep -o -- ' -sf [0-9 ]*' | sed 's/^ -sf //' | tr '\n' ' ') "
+    age=$(printf '%s\n' "$workers" | grep -v 'shutting down' |
+      awk -v leaving="$leaving" 'NF && index(leaving, " " $1 " ") == 0 && $2 > max {max = $2} END {print max + 0}')
     [ "$age" -gt 0 ] || age=$(ps -o etimes= -p "$pid")
     existing=
     for file in "$@"; do

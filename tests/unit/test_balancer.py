@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import re
+import signal
 import ssl
 import subprocess
 import sys
@@ -79,10 +80,11 @@ class EngineHandler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
 
-def stream(port, results):
-    """POST a chat completion through the balancer (HTTPS, its certificate self-signed); append (status, headers by
-    lower-case name, body, events received)."""
-    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=ssl._create_unverified_context())
+def stream(port, results, tls=True):
+    """POST a chat completion through the balancer (HTTPS, its certificate self-signed, unless not TLS); append
+    (status, headers by lower-case name, body, events received)."""
+    conn = (http.client.HTTPSConnection("127.0.0.1", port, timeout=30, context=ssl._create_unverified_context())
+            if tls else http.client.HTTPConnection("127.0.0.1", port, timeout=30))
     conn.request("POST", "/v1/chat/completions", body=b'{"stream": true}',
                  headers={"Content-Type": "application/json", "Authorization": "Bearer client-key"})
     resp = conn.getresponse()
@@ -344,3 +346,74 @@ def test_a_bad_variable_is_named_before_anything_is_recorded_or_installed(tmp_pa
     assert run.returncode == 2 and message in run.stdout, run.stdout[-3000:]
     assert "Traceback" not in run.stdout + run.stderr
     assert not (tmp_path / "state.json").exists() and not (tmp_path / "haproxy.cfg").exists()
+
+
+
+def test_a_reload_counts_once_its_new_worker_runs_while_the_old_one_drains_a_stream(tmp_path):
+    """files/unit-inputs.sh reloaded, which the role asks whether haproxy loaded its files: Debian's haproxy in
+    master-worker mode (as its unit runs it), reloaded with SIGUSR2 while a stream holds the old worker. The reload
+    came after the file changed, so nothing is stale, although the old worker started before the change."""
+    haproxy, dummy, env = PROGRAMS
+    engine = Engine(free_port())
+    engine.step = 0.8  # 8 s a stream: the old worker outlives the checks
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    port = free_port()
+    config = tmp_path / "haproxy.cfg"
+    config.write_text(f"""defaults
+    mode http
+    timeout connect 5s
+    timeout client 30s
+    timeout server 30s
+frontend f
+    bind 127.0.0.1:{port}
+    default_backend b
+backend b
+    server s1 127.0.0.1:{engine.server_address[1]}
+""")
+    master = subprocess.Popen([haproxy, "-W", "-f", str(config)], env=env, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.STDOUT)
+    # systemctl(1) answering the script's one question that matters here: haproxy.service's main process.
+    systemctl = tmp_path / "bin" / "systemctl"
+    systemctl.parent.mkdir()
+    systemctl.write_text(f'#!/bin/sh\ncase "$*" in *"--property MainPID "*) echo {master.pid} ;; *) echo ;; esac\n')
+    systemctl.chmod(0o755)
+    check_env = dict(env, PATH=f"{systemctl.parent}{os.pathsep}{env['PATH']}")
+
+    def stale():
+        return subprocess.run([os.path.join(ROOT, "files", "unit-inputs.sh"), "reloaded", "haproxy.service", str(config)],
+                              env=check_env, capture_output=True, text=True, check=True).stdout.split()
+
+    def workers(count):
+        deadline = time.monotonic() + 20
+        while True:
+            pids = subprocess.run(["ps", "-o", "pid=", "--ppid", str(master.pid)], capture_output=True, text=True,
+                                  check=False).stdout.split()
+            if len(pids) == count:
+                return pids
+            assert time.monotonic() < deadline and master.poll() is None, pids
+            time.sleep(0.1)
+
+    results = []
+    client = threading.Thread(target=stream, args=(port, results, False))
+    try:
+        old = workers(1)
+        client.start()
+        time.sleep(2)
+        assert engine.in_flight == 1
+        config.touch()
+        # Changed after the worker started: the script names the file.
+        assert stale() == [str(config)]
+        time.sleep(1.1)
+        master.send_signal(signal.SIGUSR2)
+        # ps(1) counts whole seconds: the new worker at least one old.
+        new = [pid for pid in workers(2) if pid not in old]
+        time.sleep(1.2)
+        # The new worker runs the changed file; the old one, started before the change, still drains the stream.
+        assert old[0] in workers(2) and len(new) == 1 and engine.in_flight == 1
+        assert stale() == []
+        client.join()
+        assert complete(results[0]), results
+    finally:
+        master.terminate()
+        master.wait(timeout=10)
+        engine.shutdown()
