@@ -348,7 +348,6 @@ def test_a_bad_variable_is_named_before_anything_is_recorded_or_installed(tmp_pa
     assert not (tmp_path / "state.json").exists() and not (tmp_path / "haproxy.cfg").exists()
 
 
-
 def test_a_reload_counts_once_its_new_worker_runs_while_the_old_one_drains_a_stream(tmp_path):
     """files/unit-inputs.sh reloaded, which the role asks whether haproxy loaded its files: Debian's haproxy in
     master-worker mode (as its unit runs it), reloaded with SIGUSR2 while a stream holds the old worker. The reload
