@@ -31,7 +31,8 @@ busy_s() { awk -v t="$ticks" '/^cpu /{printf "%.0f", ($2+$3+$4+$7+$8)/t}' /proc/
 # containers, /tmp), sampled every 5 s; a full disk fails a run at whichever write comes next (CI of 45509b0 failed
 # so, in the llama_cpp scenario's pip install), so each phase's peak above the run's start is in the table.
 disk_used_mb() {
-  df -B1M --output=source,used "$LLMTUNE_CACHE" /var/lib /tmp | tail -n +2 | sort -u | awk '{s += $2} END {print s}'
+  # Once per filesystem: df reads each path in turn, so one filesystem being written shows different figures.
+  df -B1M --output=source,used "$LLMTUNE_CACHE" /var/lib /tmp | tail -n +2 | awk '!seen[$1]++ {s += $2} END {print s}'
 }
 disk_log=$LLMTUNE_CACHE/disk.tsv
 disk_start=$(disk_used_mb)
