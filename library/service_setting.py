@@ -14,7 +14,8 @@ description:
     row of the auto-tune, the serve stage of C(site.yml), and C(playbooks/verify.yml)). Keys a setting lacks or holds as
     null (results stored by earlier versions) take the role's defaults.
   - With O(setting), maps it. Otherwise, with O(result_path), maps the C(chosen) setting of the auto-tune's stored
-    result there; RV(source) is C(none) and RV(variables) empty when there is no such file.
+    result there, with the llama.cpp slots and the requests nginx admits from its capacity stage; RV(source) is
+    C(none) and RV(variables) empty when there is no such file.
   - The variables are checked against O(argument_spec) (the role's own argument spec, as the role checks them when
     it starts); a setting that fails fails here, naming it and each error.
   - Never changes the host.
@@ -28,9 +29,17 @@ options:
     description: The auto-tune's stored result, read when O(setting) is not given.
     type: path
   max_concurrent:
-    description: C(inference_service_max_concurrent), the llama.cpp slots of a setting that names none.
+    description:
+      - The operator's C(inference_service_max_concurrent), the requests nginx admits and the llama.cpp slots of a
+        setting that names neither.
     type: int
     required: true
+  context_tokens:
+    description:
+      - The operator's C(inference_service_context_tokens), the context of each llama.cpp slot of a setting that
+        names none.
+    type: int
+    default: 4096
   argument_spec:
     description: The options of the inference_service role's C(main) entry point.
     type: dict
@@ -42,6 +51,7 @@ EXAMPLES = r"""
   service_setting:
     result_path: /var/lib/llmtune/autotune.json
     max_concurrent: 4
+    context_tokens: 4096
     argument_spec: "{{ (lookup('ansible.builtin.file', role_path ~ '/meta/argument_specs.yml') | from_yaml).argument_specs.main.options }}"
   register: mapped
 """
@@ -69,7 +79,7 @@ result_path:
 import json
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmtune_autotune import check_service_variables, service_variables
+from ansible.module_utils.llmtune_autotune import check_service_variables, served_setting, service_variables
 
 
 def resolve(params):
@@ -78,7 +88,7 @@ def resolve(params):
     if setting is None and params["result_path"]:
         try:
             with open(params["result_path"], encoding="utf-8") as handle:
-                setting = json.load(handle).get("chosen")
+                setting = served_setting(json.load(handle))
         except FileNotFoundError:
             setting = None
         except ValueError as error:
@@ -88,7 +98,7 @@ def resolve(params):
             return "none", None, {}, []
     if setting is None:
         return "none", None, {}, []
-    variables = service_variables(setting, params["max_concurrent"])
+    variables = service_variables(setting, params["max_concurrent"], params["context_tokens"])
     return source, setting, variables, check_service_variables(variables, params["argument_spec"])
 
 
@@ -98,6 +108,7 @@ def main():
         "setting": {"type": "dict"},
         "result_path": {"type": "path"},
         "max_concurrent": {"type": "int", "required": True},
+        "context_tokens": {"type": "int", "default": 4096},
         "argument_spec": {"type": "dict", "required": True},
     }, supports_check_mode=True)
     source, setting, variables, errors = resolve(module.params)

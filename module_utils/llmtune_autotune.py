@@ -8,6 +8,10 @@ A setting is a dict of SETTING_KEYS: engine (transformers or llama_cpp), format 
 weight type), threads, cpus, tuned (false: engine defaults, the reference), allocator, parallel (llama.cpp slots),
 continuous_batching (transformers) and layout (single, or per_node: one engine per NUMA node). A row is a setting
 with its status and figures. The sweep's state is a plain dict that each call takes and returns.
+
+Last, the capacity stage sweeps concurrent streams on the chosen setting (the benchmark's capacity sweep at the
+operator's latency targets); the host is served with as many llama.cpp slots as streams met the targets, and nginx
+admits as many requests (served_setting()).
 """
 
 from __future__ import annotations
@@ -15,8 +19,10 @@ from __future__ import annotations
 import json
 import math
 
+from ansible.module_utils.llmtune_capacity import report_markdown as capacity_markdown
+
 # Stored results carry this; a sweep of another version is measured again (inputs.method).
-RESULT_VERSION = 2
+RESULT_VERSION = 3
 SETTING_KEYS = ("engine", "format", "threads", "cpus", "tuned", "allocator", "parallel", "continuous_batching",
                 "layout")
 QUANTIZED = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
@@ -25,7 +31,7 @@ FP32 = ("float32", "f32")
 # Phases in the order the sweep measures them. Every allowed engine's most promising stack comes first, then the
 # reference (engine defaults), then the other stacks, then variations of the best one; float32 stacks come last
 # where the CPU computes bf16 natively (twice the bytes per token for the same arithmetic).
-PHASES = ("first", "reference", "stack", "threads", "allocator", "batching", "layout", "float32")
+PHASES = ("first", "reference", "stack", "threads", "allocator", "batching", "layout", "float32", "capacity")
 # The phases after which the setting kept so far is chosen again (the report's share of the gain of each).
 CHOICES = ("stack", "threads", "allocator", "batching", "layout", "float32")
 # Rows of these phases share what is left of the budget evenly, so that none of them spends it all on added twin
@@ -34,6 +40,9 @@ PRIORITY = ("first", "reference")
 # Every allowed engine's first row is measured even once the budget is spent: the budget bounds what comes after the
 # comparison of the engines (on a host another process keeps busy, one slow row outlasted a 300 s budget alone).
 MANDATORY = ("first",)
+# The capacity stage is measured even past the budget too: it sizes the slots and nginx's limit, bounded by its own
+# time limit.
+CAPACITY = "capacity"
 SKIPPED = "skipped (time budget)"
 STEP_KEYS = ("engine", "format", "threads", "cpus", "allocator", "parallel", "continuous_batching", "layout",
              "engine_cpus", "score_ms", "ttft_ms_p50", "decode_tokens_per_s", "output_tokens_per_s")
@@ -48,10 +57,12 @@ class SweepError(Exception):
 
 # --- the one mapping from a setting to the service's variables ------------------------------------------------
 
-def service_variables(setting, max_concurrent):
+def service_variables(setting, max_concurrent, context_tokens=0):
     """The inference_service variables that serve SETTING (a row, a stored winner of any version of this project:
-    missing keys and nulls take the role's defaults). MAX_CONCURRENT is inference_service_max_concurrent, the slots
-    of a llama.cpp setting that names none."""
+    missing keys and nulls take the role's defaults). MAX_CONCURRENT is the operator's
+    inference_service_max_concurrent, the requests nginx admits and the slots of a llama.cpp setting that names
+    neither ("admitted", "parallel"); CONTEXT_TOKENS the operator's inference_service_context_tokens, the context of
+    each slot unless the setting names one (the capacity stage's sweep)."""
     engine = setting.get("engine") or "transformers"
     fmt = setting.get("format")
     llama = engine == "llama_cpp"
@@ -64,7 +75,9 @@ def service_variables(setting, max_concurrent):
         "inference_service_threads": int(setting.get("threads") or 0),
         "inference_service_cpu_affinity": setting.get("cpus") or "",
         "inference_service_allocator": setting.get("allocator") or "none",
-        "inference_service_parallel": int(setting.get("parallel") or max_concurrent),
+        "inference_service_parallel": int(setting.get("parallel") or setting.get("admitted") or max_concurrent),
+        "inference_service_max_concurrent": int(setting.get("admitted") or max_concurrent),
+        "inference_service_context_tokens": int(setting.get("context_tokens") or context_tokens),
         "inference_service_continuous_batching": bool(setting.get("continuous_batching")),
         "inference_service_layout": setting.get("layout") or "single",
     }
@@ -84,7 +97,16 @@ def deploy_errors(setting, argument_spec):
     of a setting without any are the role's, valid whatever they are)."""
     if not setting:
         return ["no chosen setting"]
-    return check_service_variables(service_variables(setting, 1), argument_spec)
+    return check_service_variables(service_variables(setting, 1, 1), argument_spec)
+
+
+def served_setting(result):
+    """The setting a stored RESULT serves: its chosen row with the slots and admitted requests its capacity stage
+    measured (none when the stage did not run or failed: the operator's variables stand)."""
+    chosen = (result or {}).get("chosen")
+    if not chosen:
+        return None
+    return dict(chosen, **((result.get("capacity") or {}).get("serve") or {}))
 
 
 # --- what a sweep depends on ---------------------------------------------------------------------------------------
@@ -93,7 +115,7 @@ def deploy_errors(setting, argument_spec):
 CONFIG_KEYS = ("engines", "dtypes", "gguf_types", "allow_quantized", "memory_budget_mb", "threads", "allocators",
                "layouts", "parallel", "min_gain_percent", "prompt_tokens", "output_tokens", "concurrency", "requests",
                "max_ttft_p95_ms", "max_tpot_p95_ms", "budget_s", "api_key_set", "twin",
-               "twin_max_gap_percent", "twin_max_rounds", "settle_timeout", "busy_limit")
+               "twin_max_gap_percent", "twin_max_rounds", "settle_timeout", "busy_limit", "capacity")
 # Seconds to wait for a host that stayed busy through a whole wait before the row before (at most settle_timeout).
 BUSY_SETTLE_TIMEOUT = 10
 
@@ -128,7 +150,7 @@ def inputs_of(config, topology, service_inputs):
                                                  "memory_budget_mb", "threads", "allocators", "layouts", "parallel",
                                                  "min_gain_percent")},
         "workload": {key: config[key] for key in ("prompt_tokens", "output_tokens", "concurrency", "requests",
-                                                  "max_ttft_p95_ms", "max_tpot_p95_ms")},
+                                                  "max_ttft_p95_ms", "max_tpot_p95_ms", "capacity")},
         # The rows' verdicts against their direct-run twins depend on these.
         "twin": {"enabled": config["twin"], "max_gap_percent": config["twin_max_gap_percent"],
                  "max_rounds": config["twin_max_rounds"]},
@@ -243,7 +265,26 @@ def phase_settings(phase, state):
         return [dict(base, continuous_batching=True)]
     if phase == "layout" and per_node_possible(config):
         return [dict(base, layout="per_node")]
+    if phase == CAPACITY and (config.get("capacity") or {}).get("enabled"):
+        return [capacity_setting(base, config)]
     return []
+
+
+def sweep_context_tokens(config):
+    """Each slot's context during the capacity sweep: its prompt and output tokens with a quarter more (the chat
+    template adds tokens), in whole blocks of 256. The operator's context (4096 by default) in each of the sweep's
+    max_concurrency slots would be a KV cache of gigabytes that no request of the sweep fills."""
+    need = (config["capacity"]["prompt_tokens"] + config["capacity"]["output_tokens"]) * 1.25
+    return 256 * max(1, math.ceil(need / 256))
+
+
+def capacity_setting(base, config):
+    """The capacity stage's row: the chosen BASE with, for llama.cpp, a slot for each stream of the sweep's top
+    level (fewer slots would queue the streams past them in the engine, and the sweep would find the slots, not the
+    capacity), each of the workload's context."""
+    if base["engine"] != "llama_cpp":
+        return dict(base)
+    return dict(base, parallel=config["capacity"]["max_concurrency"], context_tokens=sweep_context_tokens(config))
 
 
 # --- the sweep: plan, record, choose ------------------------------------------------------------------------------
@@ -258,7 +299,7 @@ def new_state(config, now):
     # done: every setting planned so far (a row's own keys change with what the service ran, e.g. its slots).
     return {"config": config, "started": now, "phase": -1, "queue": [], "done": [], "rows": [], "steps": [],
             "chosen": None, "reason": "no candidate measured within the limits", "deployed": "", "busy": False,
-            "retry": False, "notes": []}
+            "retry": False, "notes": [], "capacity": None}
 
 
 def row_of(setting, stage):
@@ -294,7 +335,7 @@ def next_row(state, now):
     while True:
         if state["queue"]:
             setting, stage = state["queue"][0]["setting"], state["queue"][0]["stage"]
-            if now - state["started"] > config["budget_s"] and stage not in MANDATORY:
+            if now - state["started"] > config["budget_s"] and stage not in MANDATORY + (CAPACITY,):
                 state["queue"].pop(0)
                 state["rows"].append(dict(row_of(setting, stage), status=SKIPPED))
                 continue
@@ -308,8 +349,9 @@ def next_row(state, now):
                 and not config["api_key_set"]:
             state["notes"].append("one engine per NUMA node not measured: the engines sit behind nginx, which checks a "
                                   "key; set inference_service_api_key (or autotune_layouts=[single] to say so)")
+        # The capacity stage sweeps the chosen setting itself (transformers: the same unit).
         state["queue"] = [{"setting": setting, "stage": phase} for setting in phase_settings(phase, state)
-                          if setting not in state["done"]]
+                          if phase == CAPACITY or setting not in state["done"]]
         state["done"] += [planned["setting"] for planned in state["queue"]]
 
 
@@ -402,6 +444,10 @@ def record(state, measurement):
     row = row_of(setting, stage)
     key = f"{setting['engine']} {row['gguf_type'] or ''}"
     state["deployed"] = key if measurement.get("deployed") else ""
+    if stage == CAPACITY:
+        state["queue"].pop(0)
+        state["capacity"] = capacity_record(setting, measurement)
+        return state["capacity"]
     if measurement.get("failure"):
         state["queue"].pop(0)
         state["retry"] = False
@@ -419,6 +465,26 @@ def record(state, measurement):
     if stage in MANDATORY:
         _fit_first_rows_to_free_cpus(state, setting, state["rows"][-1])
     return state["rows"][-1]
+
+
+def capacity_record(setting, measurement):
+    """The capacity stage's record of the sweep on SETTING (MEASUREMENT: "capacity", the benchmark role's sweep and
+    engine figure, or "failure"), with what the host is served with: a slot for each stream that met the targets
+    and nginx admitting as many requests, at least one (a host where one stream alone misses the targets still
+    serves one at a time)."""
+    base = {"engine": setting["engine"], "sweep_slots": setting.get("parallel"),
+            "context_tokens": setting.get("context_tokens"), "deploy_s": measurement.get("deploy_s")}
+    if measurement.get("failure"):
+        return dict(base, status="failed: " + str(measurement["failure"])[:200], serve={})
+    taken = measurement["capacity"]
+    sweep = dict(taken["result"], levels=[{key: value for key, value in level.items() if key != "samples"}
+                                          for level in taken["result"]["levels"]])
+    streams = sweep["capacity"]["concurrency"]
+    serve = {"admitted": max(streams, 1)}
+    if setting["engine"] == "llama_cpp":
+        serve["parallel"] = serve["admitted"]
+    return dict(base, status="measured", streams=streams, serve=serve, sweep=sweep,
+                engine_batched=taken.get("engine_batched") or {})
 
 
 def _fit_first_rows_to_free_cpus(state, setting, row):
@@ -499,7 +565,7 @@ def result_of(state, now, finished, inputs):
     return {
         "version": RESULT_VERSION,
         "chosen": state["chosen"], "reason": state["reason"], "reference": reference,
-        "rows": state["rows"], "steps": state["steps"], "notes": state["notes"],
+        "rows": state["rows"], "steps": state["steps"], "notes": state["notes"], "capacity": state.get("capacity"),
         "unmeasured_engines": unmeasured_engines(state["rows"], config["engines"]),
         "measured_under_load": sum(1 for row in state["rows"] if row.get("noisy")),
         "inputs": inputs,
@@ -565,6 +631,32 @@ def _twin_gap(row, limit):
 def _same_setting(row, other, keys):
     blank = {"parallel": None, "continuous_batching": None, "layout": "single"}
     return all(dict(blank, **row).get(key) == dict(blank, **other).get(key) for key in keys)
+
+
+def _served_lines(result, host):
+    """The capacity stage's section of the report: the sweep on the chosen setting and what the host is served with."""
+    cap, work = result.get("capacity"), result["workload"]
+    operators = ("the slots and nginx's limit stay the operator's (inference_service_parallel, "
+                 "inference_service_max_concurrent)")
+    if not cap:
+        enabled = (((result.get("inputs") or {}).get("workload") or {}).get("capacity") or {}).get("enabled")
+        return [f"Capacity: {'not measured' if enabled else 'not measured (autotune_capacity off)'}; {operators}.", ""]
+    if cap["status"] != "measured":
+        return [f"Capacity: {cap['status']}; {operators}.", ""]
+    serve = cap["serve"]
+    slots = (f" with {cap['sweep_slots']} slots of {cap['context_tokens']} tokens (a slot for each stream of the "
+             "top level)" if cap.get("sweep_slots") else "")
+    lines = capacity_markdown(host, cap["sweep"], cap["engine_batched"], cap["engine"])
+    lines[1:1] = ["", f"The capacity stage swept the chosen setting{slots} (deploy {cap.get('deploy_s')} s)."]
+    text = f"Served: nginx admits {serve['admitted']} request(s) at once, one more gets 429 with Retry-After"
+    if "parallel" in serve:
+        text += f"; llama.cpp decodes them in {serve['parallel']} slot(s), each of the operator's context"
+    if not cap["streams"]:
+        text += "; one stream alone misses the targets, so the host serves one at a time"
+    if work.get("concurrency", 1) > serve["admitted"]:
+        text += (f"; the workload's {work['concurrency']} requests in flight exceed the capacity at the targets: "
+                 "the rest are refused until a request ends")
+    return ["", *lines, "", text + ".", ""]
 
 
 def report_markdown(result, host, cpu_model, baseline):
@@ -693,4 +785,5 @@ def report_markdown(result, host, cpu_model, baseline):
                          f"{_where(step)}, allocator {step['allocator']}, batching {_batching(step)} | "
                          f"{step['score_ms']} | x{round(before / step['score_ms'], 2)} | {step['decode_tokens_per_s']} |")
             before = step["score_ms"]
+    lines += _served_lines(result, host)
     return "\n".join(lines) + "\n"

@@ -26,7 +26,7 @@ import datetime
 import decimal
 import math
 
-from ansible.module_utils.llmtune_autotune import service_variables
+from ansible.module_utils.llmtune_autotune import served_setting, service_variables
 from ansible.module_utils.llmtune_drift import PENDING, STATUSES
 
 PREFIX = "llmtune_"
@@ -177,7 +177,8 @@ def stack_families(autotune):
     chosen = _dict(autotune.get("chosen"))
     if not chosen:
         return []
-    served = service_variables(chosen, 0)
+    setting = served_setting(autotune)
+    served = service_variables(setting, 0)
     llama = served["inference_service_engine"] == "llama_cpp"
     info = Family("stack_info",
                   "The stack the auto-tune chose and the service serves: engine, weight format (GGUF type or dtype), "
@@ -186,7 +187,7 @@ def stack_families(autotune):
              format=served["inference_service_gguf_type"] if llama else served["inference_service_dtype"],
              layout=served["inference_service_layout"], allocator=served["inference_service_allocator"])
     threads = served["inference_service_threads"]
-    parallel = _number(chosen.get("parallel")) if llama else None
+    parallel = _number(setting.get("parallel")) if llama else None
     return [
         info,
         Family("stack_threads", "Threads of each engine of the chosen stack (0: the engine's default).").add(threads),

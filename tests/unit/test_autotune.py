@@ -24,7 +24,10 @@ OPTIONS = {"engines": ["transformers", "llama_cpp"], "dtypes": ["bfloat16", "flo
            "layouts": ["single", "per_node"], "parallel": [], "min_gain_percent": 5.0, "prompt_tokens": 128,
            "output_tokens": 32, "concurrency": 1, "requests": 2, "max_ttft_p95_ms": 0, "max_tpot_p95_ms": 0,
            "budget_s": 300, "api_key_set": False, "twin": True, "twin_max_gap_percent": 5.0, "twin_max_rounds": 12,
-           "settle_timeout": 60.0, "busy_limit": 0.25}
+           "settle_timeout": 60.0, "busy_limit": 0.25,
+           "capacity": {"enabled": False, "ttft_p95_ms": 2000.0, "itl_p95_ms": 100.0, "prompt_tokens": 128,
+                        "output_tokens": 32, "max_concurrency": 64, "min_requests": 20, "time_limit_s": 600.0,
+                        "engine_max_gap_percent": 10.0}}
 
 
 def config(topology=None, **changes):
@@ -36,6 +39,9 @@ def load(name):
         return json.load(handle)
 
 
+# A capacity sweep of the benchmark module against llama-server (a 2-layer Qwen3 on 2 vCPUs): 1 to 8 streams met
+# the targets.
+CAPACITY_SWEEP = json.load(open(os.path.join(FIXTURES, "capacity", "llama-server-2l-sweep.json"), encoding="utf-8"))
 # A whole result of the benchmark module from the demo's node (the untuned baseline, its twin beside it).
 RECORDED = load("benchmark-result.json")
 
@@ -67,9 +73,10 @@ def measurement(result, setting, deploy="main"):
             "roofline": {"bandwidth_gb_s": 30.0, "decode_upper_bound_tokens_per_s": 25.0}, "rss_kb": [1200 * 1024]}
 
 
-def sweep(cfg, speed, seconds_per_row=30.0, busy=lambda setting: False):
+def sweep(cfg, speed, seconds_per_row=30.0, busy=lambda setting: False, capacity=lambda setting: CAPACITY_SWEEP):
     """Run a whole sweep with a clock that moves SECONDS_PER_ROW per measured row; SPEED(setting) is its decode
-    tokens/s (None: its deploy fails). Returns the state and the rows in the order they were planned."""
+    tokens/s (None: its deploy fails), CAPACITY(setting) the capacity stage's sweep (None: it failed). Returns the
+    state and the rows in the order they were planned."""
     clock = [1000.0]
     state = at.new_state(cfg, clock[0])
     planned = []
@@ -79,6 +86,12 @@ def sweep(cfg, speed, seconds_per_row=30.0, busy=lambda setting: False):
             return state, planned
         planned.append(row)
         clock[0] += seconds_per_row
+        if row["stage"] == "capacity":
+            taken = capacity(row["setting"])
+            at.record(state, {"failure": "The engine failed to start", "deployed": False} if taken is None else
+                      {"capacity": {"engine": row["setting"]["engine"], "result": taken, "engine_batched": {}},
+                       "deployed": True, "deploy_s": 3.0})
+            continue
         decode = speed(row["setting"])
         if decode is None:
             at.record(state, {"failure": "The engine failed to start", "deployed": False})
@@ -429,11 +442,12 @@ def test_every_stored_choice_maps_to_variables_the_role_accepts(name, setting):
 def test_the_issue_input_a_transformers_winner_deploys():
     # The demo's stored choice; "value of inference_service_gguf_type must be one of: ..., got: " came from its
     # gguf_type null, which default('bf16') kept.
-    variables = at.service_variables(load("autotune-demo.json")["chosen"], 4)
+    variables = at.service_variables(load("autotune-demo.json")["chosen"], 4, 4096)
     assert variables == {"inference_service_tuned": True, "inference_service_engine": "transformers",
                          "inference_service_dtype": "bfloat16", "inference_service_gguf_type": "bf16",
                          "inference_service_threads": 2, "inference_service_cpu_affinity": "0 1",
                          "inference_service_allocator": "none", "inference_service_parallel": 4,
+                         "inference_service_max_concurrent": 4, "inference_service_context_tokens": 4096,
                          "inference_service_continuous_batching": False, "inference_service_layout": "single"}
 
 
@@ -646,3 +660,97 @@ def test_a_result_whose_deploy_failed_is_set_aside(tmp_path):
 def test_peak_resident_memory_of_a_real_process():
     own = autotune_sweep.peak_rss_kb([os.getpid(), 2 ** 22 + 1])
     assert own[0] > 10_000 and own[1] == 0
+
+
+# --- the capacity stage: slots and nginx's limit from the capacity at the targets (issue 37, item 3) --------------
+
+def capacity_config(**changes):
+    return config(capacity=dict(OPTIONS["capacity"], enabled=True), **changes)
+
+
+def sweep_with(streams):
+    """CAPACITY_SWEEP as if STREAMS streams had been its capacity."""
+    taken = copy.deepcopy(CAPACITY_SWEEP)
+    taken["capacity"]["concurrency"] = streams
+    return taken
+
+
+@pytest.mark.parametrize("budget", [0, 10_000])
+def test_the_capacity_stage_sweeps_the_chosen_setting_last_even_past_the_budget(budget):
+    state, planned = sweep(capacity_config(budget_s=budget), by_stack)
+    last = planned[-1]
+    assert [row["stage"] for row in planned].count("capacity") == 1 and last["stage"] == "capacity"
+    chosen = at.setting_of(state["chosen"])
+    # llama.cpp: a slot for each stream of the sweep's top level, each with the sweep's context, not the operator's.
+    assert last["setting"] == dict(chosen, parallel=64, context_tokens=256)
+    # The unit alone where the row before ran the same engine and model file.
+    before = planned[-2]["setting"]
+    same = (before["engine"], before["format"]) == (chosen["engine"], chosen["format"])
+    assert last["deploy"] == ("unit" if same else "main")
+
+
+def test_a_transformers_choice_is_swept_as_it_is():
+    state, planned = sweep(capacity_config(engines=["transformers"]), by_stack)
+    assert planned[-1]["stage"] == "capacity" and planned[-1]["setting"] == at.setting_of(state["chosen"])
+    result = at.result_of(state, 2000.0, "now", {})
+    assert result["capacity"]["serve"] == {"admitted": 8}
+    variables = at.service_variables(at.served_setting(result), 4, 4096)
+    assert (variables["inference_service_max_concurrent"], variables["inference_service_parallel"]) == (8, 8)
+
+
+@pytest.mark.parametrize("prompt, output, context", [(128, 32, 256), (16, 8, 256), (1024, 256, 1792), (200, 5, 512)])
+def test_each_slot_of_the_sweep_holds_its_prompt_and_output_with_a_quarter_more(prompt, output, context):
+    cfg = capacity_config()
+    cfg["capacity"].update(prompt_tokens=prompt, output_tokens=output)
+    assert at.sweep_context_tokens(cfg) == context
+
+
+@pytest.mark.parametrize("streams, served", [(8, 8), (2, 2), (0, 1)])
+def test_the_host_is_served_with_a_slot_for_each_stream_that_met_the_targets(streams, served):
+    state, _ = sweep(capacity_config(), by_stack, capacity=lambda setting: sweep_with(streams))
+    result = at.result_of(state, 2000.0, "now", {})
+    assert result["capacity"]["streams"] == streams
+    assert result["capacity"]["serve"] == {"admitted": served, "parallel": served}
+    # The chosen row stays as measured; the served setting has the capacity's slots and the operator's context.
+    assert result["chosen"]["parallel"] != 64
+    variables = at.service_variables(at.served_setting(result), 4, 4096)
+    assert (variables["inference_service_parallel"], variables["inference_service_max_concurrent"],
+            variables["inference_service_context_tokens"]) == (served, served, 4096)
+    assert at.check_service_variables(variables, SERVICE_SPEC) == []
+    # Stored without each request's samples.
+    assert all("samples" not in level for level in result["capacity"]["sweep"]["levels"])
+    text = at.report_markdown(result, "node", "EPYC", {})
+    assert f"Served: nginx admits {served} request(s) at once, one more gets 429 with Retry-After" in text
+    assert f"llama.cpp decodes them in {served} slot(s)" in text
+    assert "The capacity stage swept the chosen setting with 64 slots of 256 tokens" in text
+    assert ("one stream alone misses the targets, so the host serves one at a time" in text) == (streams == 0)
+
+
+def test_the_workload_beyond_the_capacity_is_named():
+    state, _ = sweep(capacity_config(concurrency=4), by_stack, capacity=lambda setting: sweep_with(2))
+    text = at.report_markdown(at.result_of(state, 2000.0, "now", {}), "node", "EPYC", {})
+    assert "the workload's 4 requests in flight exceed the capacity at the targets" in text
+
+
+def test_a_failed_or_disabled_capacity_stage_leaves_the_operators_slots_and_limit():
+    state, planned = sweep(capacity_config(), by_stack, capacity=lambda setting: None)
+    result = at.result_of(state, 2000.0, "now", {})
+    assert result["capacity"]["status"].startswith("failed: ") and result["capacity"]["serve"] == {}
+    assert at.served_setting(result) == result["chosen"]
+    variables = at.service_variables(at.served_setting(result), 4, 4096)
+    assert (variables["inference_service_max_concurrent"], variables["inference_service_context_tokens"]) == (4, 4096)
+    assert "Capacity: failed: The engine failed to start; the slots and nginx's limit stay the operator's" in \
+        at.report_markdown(result, "node", "EPYC", {})
+    state, planned = sweep(config(), by_stack)
+    result = at.result_of(state, 2000.0, "now", {})
+    assert "capacity" not in {row["stage"] for row in planned} and result["capacity"] is None
+    assert "not measured (autotune_capacity off)" in at.report_markdown(
+        dict(result, inputs={"workload": {"capacity": {"enabled": False}}}), "node", "EPYC", {})
+
+
+def test_the_capacity_targets_are_inputs_of_the_stored_result():
+    before = at.inputs_of(capacity_config(), TOPOLOGY, {"model": {}, "engines": {}})
+    cfg = capacity_config()
+    cfg["capacity"]["itl_p95_ms"] = 50.0
+    assert at.changed_inputs(at.inputs_of(cfg, TOPOLOGY, {"model": {}, "engines": {}}), {"inputs": before}) == \
+        ["workload"]

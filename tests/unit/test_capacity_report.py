@@ -11,8 +11,8 @@ import pytest
 
 from ansible.module_utils import llmtune_capacity as cap  # noqa: E402
 from conftest import FIXTURES, ROOT  # noqa: E402
-from test_jinja_expressions import (condition, plugins, render, render_template_file, render_tree, task,  # noqa: E402,F401
-                                    task_vars)
+from test_jinja_expressions import (condition, load, plugins, render, render_template_file, render_tree,  # noqa: E402,F401
+                                    task, task_vars)
 
 CAPACITY = os.path.join(FIXTURES, "capacity")
 SCRIPT = os.path.join(ROOT, "roles", "benchmark", "files", "capacity_report.py")
@@ -204,6 +204,9 @@ def test_the_sweeps_settings_are_part_of_the_validations_fingerprint_only_when_i
                  benchmark_capacity_prompt_tokens="128", benchmark_capacity_output_tokens="32",
                  benchmark_capacity_max_concurrency=64, benchmark_capacity_min_requests=20,
                  benchmark_capacity_time_limit_s=600, benchmark_engine_max_gap_percent=10)
+    # The method as the role's vars name it, rendered from the variables above.
+    method = render_tree(load("roles/benchmark/vars/main.yml")["__benchmark_capacity_method"], **sweep)
+    settings["__benchmark_capacity_method"] = method
     off = task_vars(tsk, benchmark_capacity=False, **settings, **sweep)
     assert "capacity" not in off["__settings"]
     on = task_vars(tsk, benchmark_capacity=True, **settings, **sweep)
@@ -211,7 +214,9 @@ def test_the_sweeps_settings_are_part_of_the_validations_fingerprint_only_when_i
                                             "output_tokens": 32, "max_concurrency": 64, "min_requests": 20,
                                             "time_limit_s": 600.0, "engine_max_gap_percent": 10.0}
     assert on["__fingerprint"] != off["__fingerprint"]
-    assert task_vars(tsk, benchmark_capacity=True, **settings, **dict(sweep, benchmark_target_itl_p95_ms=80)
-                     )["__fingerprint"] != on["__fingerprint"]
+    lower = dict(sweep, benchmark_target_itl_p95_ms=80)
+    settings["__benchmark_capacity_method"] = render_tree(
+        load("roles/benchmark/vars/main.yml")["__benchmark_capacity_method"], **lower)
+    assert task_vars(tsk, benchmark_capacity=True, **settings, **lower)["__fingerprint"] != on["__fingerprint"]
     write = task(VALIDATE, "Write the capacity table and chart on the controller")
     assert not condition(write["when"]) and condition(write["when"], __benchmark_capacity={"result": {}})
