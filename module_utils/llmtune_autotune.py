@@ -10,8 +10,9 @@ continuous_batching (transformers) and layout (single, or per_node: one engine p
 with its status and figures. The sweep's state is a plain dict that each call takes and returns.
 
 Last, the capacity stage sweeps concurrent streams on the chosen setting (the benchmark's capacity sweep at the
-operator's latency targets); the host is served with as many llama.cpp slots as streams met the targets, and nginx
-admits as many requests (served_setting()).
+operator's latency targets), and with more than one request in flight on each other engine's best setting too, and
+chooses between the engines by it; the host is served with as many llama.cpp slots as streams met the targets, and
+nginx admits as many requests (served_setting()).
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ STEP_KEYS = ("engine", "format", "threads", "cpus", "allocator", "parallel", "co
              "engine_cpus", "score_ms", "ttft_ms_p50", "decode_tokens_per_s", "output_tokens_per_s")
 LABELS = {"stack": "stack: engine and format, recommended threads and CPUs", "threads": "threads and CPUs",
           "allocator": "allocator", "batching": "batching", "layout": "layout: one engine per NUMA node",
-          "float32": "float32 stacks (measured last where bf16 is native)"}
+          "float32": "float32 stacks (measured last where bf16 is native)",
+          "capacity": "capacity at the targets (the engine with more streams within them)"}
 
 
 class SweepError(Exception):
@@ -266,8 +268,22 @@ def phase_settings(phase, state):
     if phase == "layout" and per_node_possible(config):
         return [dict(base, layout="per_node")]
     if phase == CAPACITY and (config.get("capacity") or {}).get("enabled"):
-        return [capacity_setting(base, config)]
+        return [capacity_setting(setting_of(row), config) for row in capacity_candidates(state)]
     return []
+
+
+def capacity_candidates(state):
+    """The rows the capacity stage sweeps: the chosen one first and, with more than one request in flight, each other
+    engine's best row within the limits (a concurrent workload chooses its engine by capacity at the targets; one
+    request's score cannot tell how an engine batches)."""
+    chosen, config = state["chosen"], state["config"]
+    rows = [chosen]
+    if config["concurrency"] > 1:
+        for engine in config["engines"]:
+            if engine != chosen["engine"]:
+                best, _ = choose([row for row in state["rows"] if row["engine"] == engine], None, config)
+                rows += [best] if best else []
+    return rows
 
 
 def sweep_context_tokens(config):
@@ -299,7 +315,7 @@ def new_state(config, now):
     # done: every setting planned so far (a row's own keys change with what the service ran, e.g. its slots).
     return {"config": config, "started": now, "phase": -1, "queue": [], "done": [], "rows": [], "steps": [],
             "chosen": None, "reason": "no candidate measured within the limits", "deployed": "", "busy": False,
-            "retry": False, "notes": [], "capacity": None}
+            "retry": False, "notes": [], "capacity": None, "capacities": []}
 
 
 def row_of(setting, stage):
@@ -316,6 +332,9 @@ def row_of(setting, stage):
 def _close_phase(state):
     """Choose after the phase that just ended, where it is a stage of the report."""
     phase = PHASES[state["phase"]] if state["phase"] >= 0 else None
+    if phase == CAPACITY:
+        _choose_by_capacity(state)
+        return
     if phase not in CHOICES:
         return
     if phase == "layout" and not any(row["stage"] == "layout" for row in state["rows"]):
@@ -325,6 +344,40 @@ def _close_phase(state):
     state["chosen"], state["reason"] = choose(state["rows"], state["chosen"], state["config"])
     if state["chosen"]:
         state["steps"].append(dict({"stage": phase}, **{key: state["chosen"].get(key) for key in STEP_KEYS}))
+
+
+def _capacity_key(record):
+    return (record["streams"], record["sweep"]["capacity"]["goodput_tokens_per_s"])
+
+
+def _choose_by_capacity(state):
+    """After the capacity stage: the capacity the host is served with (the chosen row's), or, with more than one
+    request in flight, another engine's row whose sweep met the targets at more streams, or at as many with more than
+    min_gain_percent more goodput there."""
+    records = state["capacities"]
+    if not records:
+        return
+    own = records[0]
+    state["capacity"] = own
+    measured = [record for record in records if record["status"] == "measured"]
+    if state["config"]["concurrency"] < 2 or not measured:
+        return
+    top = max(measured, key=_capacity_key)
+    if top is own:
+        return
+    gain = 1 + state["config"]["min_gain_percent"] / 100
+    if own["status"] == "measured" and not (top["streams"] > own["streams"] or (
+            top["streams"] == own["streams"] and _capacity_key(top)[1] > _capacity_key(own)[1] * gain)):
+        return
+    kept = state["chosen"]
+    state["chosen"] = next(row for row in state["rows"] if row.get("tuned") and row["status"] == "measured"
+                           and setting_of(row) == top["of"])
+    state["capacity"] = top
+    before = (f"{own['streams']} stream(s), {_capacity_key(own)[1]} tokens/s" if own["status"] == "measured"
+              else own["status"])
+    state["reason"] += (f"; then chosen by capacity at the targets: {top['streams']} stream(s), goodput "
+                        f"{_capacity_key(top)[1]} tokens/s, over {kept['engine']} {kept['format']} ({before})")
+    state["steps"].append(dict({"stage": CAPACITY}, **{key: state["chosen"].get(key) for key in STEP_KEYS}))
 
 
 def next_row(state, now):
@@ -349,9 +402,12 @@ def next_row(state, now):
                 and not config["api_key_set"]:
             state["notes"].append("one engine per NUMA node not measured: the engines sit behind nginx, which checks a "
                                   "key; set inference_service_api_key (or autotune_layouts=[single] to say so)")
-        # The capacity stage sweeps the chosen setting itself (transformers: the same unit).
+        # The capacity stage sweeps measured settings again (transformers: the same unit), each noting its row.
         state["queue"] = [{"setting": setting, "stage": phase} for setting in phase_settings(phase, state)
                           if phase == CAPACITY or setting not in state["done"]]
+        if phase == CAPACITY:
+            for planned, row in zip(state["queue"], capacity_candidates(state)):
+                planned["of"] = setting_of(row)
         state["done"] += [planned["setting"] for planned in state["queue"]]
 
 
@@ -446,8 +502,8 @@ def record(state, measurement):
     state["deployed"] = key if measurement.get("deployed") else ""
     if stage == CAPACITY:
         state["queue"].pop(0)
-        state["capacity"] = capacity_record(setting, measurement)
-        return state["capacity"]
+        state["capacities"].append(dict(capacity_record(setting, measurement), of=planned["of"]))
+        return state["capacities"][-1]
     if measurement.get("failure"):
         state["queue"].pop(0)
         state["retry"] = False
@@ -566,6 +622,7 @@ def result_of(state, now, finished, inputs):
         "version": RESULT_VERSION,
         "chosen": state["chosen"], "reason": state["reason"], "reference": reference,
         "rows": state["rows"], "steps": state["steps"], "notes": state["notes"], "capacity": state.get("capacity"),
+        "capacities": state.get("capacities") or [],
         "unmeasured_engines": unmeasured_engines(state["rows"], config["engines"]),
         "measured_under_load": sum(1 for row in state["rows"] if row.get("noisy")),
         "inputs": inputs,
@@ -633,21 +690,34 @@ def _same_setting(row, other, keys):
     return all(dict(blank, **row).get(key) == dict(blank, **other).get(key) for key in keys)
 
 
+def _capacity_section(host, record):
+    """One capacity sweep of the capacity stage: its table, and the setting and slots it ran with."""
+    of = record.get("of") or {}
+    name = f"{record['engine']} {of.get('format') or ''}".strip()
+    if record["status"] != "measured":
+        return [f"Capacity of {name}: {record['status']}.", ""]
+    slots = (f" with {record['sweep_slots']} slots of {record['context_tokens']} tokens (a slot for each stream of "
+             "the top level)" if record.get("sweep_slots") else "")
+    lines = capacity_markdown(host, record["sweep"], record["engine_batched"], record["engine"])
+    lines[0] += f": {name}"
+    lines[1:1] = ["", f"The capacity stage swept {name}, {_where(of) if of else 'the chosen setting'}{slots} "
+                      f"(deploy {record.get('deploy_s')} s)."]
+    return [*lines, ""]
+
+
 def _served_lines(result, host):
-    """The capacity stage's section of the report: the sweep on the chosen setting and what the host is served with."""
+    """The capacity stage's sections of the report: each sweep and what the host is served with."""
     cap, work = result.get("capacity"), result["workload"]
+    records = result.get("capacities") or ([cap] if cap else [])
     operators = ("the slots and nginx's limit stay the operator's (inference_service_parallel, "
                  "inference_service_max_concurrent)")
     if not cap:
         enabled = (((result.get("inputs") or {}).get("workload") or {}).get("capacity") or {}).get("enabled")
         return [f"Capacity: {'not measured' if enabled else 'not measured (autotune_capacity off)'}; {operators}.", ""]
+    lines = [""] + [line for record in records for line in _capacity_section(host, record)]
     if cap["status"] != "measured":
-        return [f"Capacity: {cap['status']}; {operators}.", ""]
+        return lines + [f"Capacity: {cap['status']}; {operators}.", ""]
     serve = cap["serve"]
-    slots = (f" with {cap['sweep_slots']} slots of {cap['context_tokens']} tokens (a slot for each stream of the "
-             "top level)" if cap.get("sweep_slots") else "")
-    lines = capacity_markdown(host, cap["sweep"], cap["engine_batched"], cap["engine"])
-    lines[1:1] = ["", f"The capacity stage swept the chosen setting{slots} (deploy {cap.get('deploy_s')} s)."]
     text = f"Served: nginx admits {serve['admitted']} request(s) at once, one more gets 429 with Retry-After"
     if "parallel" in serve:
         text += f"; llama.cpp decodes them in {serve['parallel']} slot(s), each of the operator's context"
@@ -656,7 +726,7 @@ def _served_lines(result, host):
     if work.get("concurrency", 1) > serve["admitted"]:
         text += (f"; the workload's {work['concurrency']} requests in flight exceed the capacity at the targets: "
                  "the rest are refused until a request ends")
-    return ["", *lines, "", text + ".", ""]
+    return [*lines, text + ".", ""]
 
 
 def report_markdown(result, host, cpu_model, baseline):

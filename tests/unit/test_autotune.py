@@ -668,11 +668,16 @@ def capacity_config(**changes):
     return config(capacity=dict(OPTIONS["capacity"], enabled=True), **changes)
 
 
-def sweep_with(streams):
-    """CAPACITY_SWEEP as if STREAMS streams had been its capacity."""
+def sweep_with(streams, goodput=73.532):
+    """CAPACITY_SWEEP as if STREAMS streams had been its capacity, with GOODPUT tokens/s there."""
     taken = copy.deepcopy(CAPACITY_SWEEP)
-    taken["capacity"]["concurrency"] = streams
+    taken["capacity"].update(concurrency=streams, goodput_tokens_per_s=goodput)
     return taken
+
+
+def transformers_first(setting):
+    """Decode tokens/s where transformers scores better for one request in flight."""
+    return 50.0 if setting["engine"] == "transformers" else 10.0
 
 
 @pytest.mark.parametrize("budget", [0, 10_000])
@@ -722,7 +727,8 @@ def test_the_host_is_served_with_a_slot_for_each_stream_that_met_the_targets(str
     text = at.report_markdown(result, "node", "EPYC", {})
     assert f"Served: nginx admits {served} request(s) at once, one more gets 429 with Retry-After" in text
     assert f"llama.cpp decodes them in {served} slot(s)" in text
-    assert "The capacity stage swept the chosen setting with 64 slots of 256 tokens" in text
+    assert ("## Capacity of node at the targets: llama_cpp bf16\n\nThe capacity stage swept llama_cpp bf16, 2 threads "
+            "on CPUs 0 1 with 64 slots of 256 tokens") in text
     assert ("one stream alone misses the targets, so the host serves one at a time" in text) == (streams == 0)
 
 
@@ -754,3 +760,43 @@ def test_the_capacity_targets_are_inputs_of_the_stored_result():
     cfg["capacity"]["itl_p95_ms"] = 50.0
     assert at.changed_inputs(at.inputs_of(cfg, TOPOLOGY, {"model": {}, "engines": {}}), {"inputs": before}) == \
         ["workload"]
+
+
+@pytest.mark.parametrize("capacities, winner", [
+    # llama.cpp batches 4 streams within the targets, transformers 2: a concurrent workload is served by llama.cpp.
+    ({"transformers": (2, 40.0), "llama_cpp": (4, 60.0)}, "llama_cpp"),
+    ({"transformers": (4, 40.0), "llama_cpp": (2, 60.0)}, "transformers"),
+    # As many streams: more goodput by more than autotune_min_gain_percent, or the score's choice stays.
+    ({"transformers": (2, 40.0), "llama_cpp": (2, 60.0)}, "llama_cpp"),
+    ({"transformers": (2, 40.0), "llama_cpp": (2, 41.0)}, "transformers"),
+    # The chosen engine's sweep failed: the other one's capacity serves.
+    ({"transformers": None, "llama_cpp": (1, 20.0)}, "llama_cpp"),
+])
+def test_a_concurrent_workload_chooses_its_engine_by_capacity(capacities, winner):
+    def taken(setting):
+        got = capacities[setting["engine"]]
+        return None if got is None else sweep_with(*got)
+
+    state, planned = sweep(capacity_config(concurrency=2), transformers_first, capacity=taken)
+    swept = [row for row in planned if row["stage"] == "capacity"]
+    # The score's choice first, then the other engine's best row.
+    assert [row["setting"]["engine"] for row in swept] == ["transformers", "llama_cpp"]
+    result = at.result_of(state, 2000.0, "now", {})
+    assert result["chosen"]["engine"] == winner and result["capacity"]["engine"] == winner
+    assert result["capacity"]["of"] == at.setting_of(result["chosen"])
+    assert ("chosen by capacity at the targets" in result["reason"]) == (winner == "llama_cpp")
+    assert (result["steps"][-1]["stage"] == "capacity") == (winner == "llama_cpp")
+    text = at.report_markdown(result, "node", "EPYC", {})
+    for engine, fmt in (("transformers", "bfloat16"), ("llama_cpp", "bf16")):
+        assert (f"## Capacity of node at the targets: {engine} {fmt}" if capacities[engine]
+                else f"Capacity of {engine} {fmt}: failed: The engine failed to start.") in text
+    variables = at.service_variables(at.served_setting(result), 4, 4096)
+    assert variables["inference_service_engine"] == winner
+    assert variables["inference_service_max_concurrent"] == max(result["capacity"]["streams"], 1)
+
+
+def test_one_request_in_flight_sweeps_the_chosen_engine_alone():
+    state, planned = sweep(capacity_config(concurrency=1), transformers_first,
+                           capacity=lambda setting: sweep_with(4 if setting["engine"] == "llama_cpp" else 1))
+    assert [row["setting"]["engine"] for row in planned if row["stage"] == "capacity"] == ["transformers"]
+    assert state["chosen"]["engine"] == "transformers" and state["capacity"]["streams"] == 1
