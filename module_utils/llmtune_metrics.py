@@ -188,10 +188,15 @@ def stack_families(autotune):
              layout=served["inference_service_layout"], allocator=served["inference_service_allocator"])
     threads = served["inference_service_threads"]
     parallel = _number(setting.get("parallel")) if llama else None
+    capacity = _dict(autotune.get("capacity"))
     return [
         info,
         Family("stack_threads", "Threads of each engine of the chosen stack (0: the engine's default).").add(threads),
         Family("stack_parallel_slots", "llama.cpp slots (requests decoded together) of the chosen stack.").add(parallel),
+        Family("autotune_capacity_streams",
+               "Concurrent streams the chosen stack served within the latency targets (the auto-tune's capacity "
+               "stage); nginx admits as many requests, at least one.")
+        .add(_number(capacity.get("streams")) if capacity.get("status") == "measured" else None),
         Family("autotune_timestamp_seconds", "When the auto-tune stored its choice.")
         .add(timestamp(autotune.get("finished"))),
     ]

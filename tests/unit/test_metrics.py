@@ -230,6 +230,29 @@ def test_every_stored_choice_exports_its_stack(exporter, tmp_path, capsys, name,
 
 
 @needs_exporter
+@pytest.mark.parametrize("capacity, slots, streams", [
+    ({"status": "measured", "streams": 2, "serve": {"admitted": 2, "parallel": 2}}, 2, 2),
+    # One stream alone missed the targets: served one at a time, and the capacity says 0.
+    ({"status": "measured", "streams": 0, "serve": {"admitted": 1, "parallel": 1}}, 1, 0),
+    # A failed capacity stage: the chosen row's own slots, no capacity.
+    ({"status": "failed: The engine failed to start", "serve": {}}, 4, None),
+])
+def test_the_served_slots_and_the_capacity_come_from_the_capacity_stage(exporter, tmp_path, capsys, capacity, slots,
+                                                                        streams):
+    folder, url = exporter
+    chosen = json.loads(read(FIXTURES, "autotune", "stored-choices.json"))["one engine per NUMA node"]
+    (tmp_path / "autotune.json").write_text(json.dumps({"chosen": chosen, "capacity": capacity}))
+    missing = str(tmp_path / "none.json")
+    run({"path": str(folder / "llmtune.prom"), "autotune_path": str(tmp_path / "autotune.json"),
+         "state_path": missing, "baseline_path": missing, "validation_path": missing, "drift_path": missing}, capsys)
+    samples, _types = scrape(url)
+    assert value(samples, "llmtune_stack_parallel_slots") == slots
+    assert labelled(samples, "llmtune_autotune_capacity_streams") == ([] if streams is None else [{}])
+    if streams is not None:
+        assert value(samples, "llmtune_autotune_capacity_streams") == streams
+
+
+@needs_exporter
 def test_a_host_without_files_exports_which_are_missing_and_labels_survive_escaping(exporter, tmp_path, capsys):
     folder, url = exporter
     missing = str(tmp_path / "none.json")
