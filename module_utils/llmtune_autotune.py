@@ -726,6 +726,9 @@ def _served_lines(result, host):
     if work.get("concurrency", 1) > serve["admitted"]:
         text += (f"; the workload's {work['concurrency']} requests in flight exceed the capacity at the targets: "
                  "the rest are refused until a request ends")
+    if any(level.get("noisy") for level in cap["sweep"]["levels"]):
+        text += ("; measured under load (other processes took CPU time during the sweep), which lowers the capacity: "
+                 "-e autotune_remeasure=true on a quiet host measures it again")
     return [*lines, text + ".", ""]
 
 

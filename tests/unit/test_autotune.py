@@ -730,6 +730,8 @@ def test_the_host_is_served_with_a_slot_for_each_stream_that_met_the_targets(str
     assert ("## Capacity of node at the targets: llama_cpp bf16\n\nThe capacity stage swept llama_cpp bf16, 2 threads "
             "on CPUs 0 1 with 64 slots of 256 tokens") in text
     assert ("one stream alone misses the targets, so the host serves one at a time" in text) == (streams == 0)
+    # The recorded sweep ran beside other processes.
+    assert "measured under load (other processes took CPU time during the sweep), which lowers the capacity" in text
 
 
 def test_the_workload_beyond_the_capacity_is_named():
