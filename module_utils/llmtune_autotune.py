@@ -267,8 +267,6 @@ def phase_settings(phase, state):
         return [dict(base, continuous_batching=True)]
     if phase == "layout" and per_node_possible(config):
         return [dict(base, layout="per_node")]
-    if phase == CAPACITY and (config.get("capacity") or {}).get("enabled"):
-        return [capacity_setting(setting_of(row), config) for row in capacity_candidates(state)]
     return []
 
 
@@ -284,6 +282,14 @@ def capacity_candidates(state):
                 best, _ = choose([row for row in state["rows"] if row["engine"] == engine], None, config)
                 rows += [best] if best else []
     return rows
+
+
+def capacity_queue(state):
+    """The capacity stage's rows, each noting the measured row it sweeps again (transformers: the same unit)."""
+    if not (state["chosen"] and state["config"]["capacity"].get("enabled")):
+        return []
+    return [{"setting": capacity_setting(setting_of(row), state["config"]), "stage": CAPACITY, "of": setting_of(row)}
+            for row in capacity_candidates(state)]
 
 
 def sweep_context_tokens(config):
@@ -402,12 +408,11 @@ def next_row(state, now):
                 and not config["api_key_set"]:
             state["notes"].append("one engine per NUMA node not measured: the engines sit behind nginx, which checks a "
                                   "key; set inference_service_api_key (or autotune_layouts=[single] to say so)")
-        # The capacity stage sweeps measured settings again (transformers: the same unit), each noting its row.
-        state["queue"] = [{"setting": setting, "stage": phase} for setting in phase_settings(phase, state)
-                          if phase == CAPACITY or setting not in state["done"]]
         if phase == CAPACITY:
-            for planned, row in zip(state["queue"], capacity_candidates(state)):
-                planned["of"] = setting_of(row)
+            state["queue"] = capacity_queue(state)
+        else:
+            state["queue"] = [{"setting": setting, "stage": phase} for setting in phase_settings(phase, state)
+                              if setting not in state["done"]]
         state["done"] += [planned["setting"] for planned in state["queue"]]
 
 
