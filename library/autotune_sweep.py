@@ -163,6 +163,7 @@ import time
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmtune_autotune import (SweepError, changed_inputs, deploy_errors, inputs_of, new_state,
                                                    next_row, record, report_markdown, result_of, sweep_config)
+from ansible.module_utils.llmtune_cpuload import tree_kib
 from ansible.module_utils.llmtune_state import write_atomic
 
 
@@ -190,15 +191,9 @@ def baseline_summary(path):
 
 
 def peak_rss_kb(pids):
-    """VmHWM (kB) of each PID, proc(5); 0 for a process that is gone."""
-    out = []
-    for pid in pids:
-        try:
-            with open(f"/proc/{int(pid)}/status", encoding="utf-8") as handle:
-                out.append(next((int(line.split()[1]) for line in handle if line.startswith("VmHWM:")), 0))
-        except (OSError, ValueError):
-            out.append(0)
-    return out
+    """VmHWM (kB) of each PID, proc(5), summed over its process tree (an engine's child processes hold its model and
+    KV cache: vLLM's worker); 0 for a process that is gone."""
+    return [tree_kib(int(pid), "VmHWM") or 0 for pid in pids]
 
 
 def start(params):

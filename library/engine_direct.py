@@ -158,6 +158,7 @@ import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible.module_utils.llmtune_cpuload import kib_field, tree_kib
 from ansible.module_utils.llmtune_systemd import (SHOW_PROPERTIES, UnitError, exec_argv, expand,  # noqa: F401
                                                   find_systemd_run, parse_show, scope_argv, unit_command,
                                                   unit_process)
@@ -190,24 +191,12 @@ def twin_spec(show, port):
     return with_port(argv, port), env, user, group, cpus
 
 
-def kib_field(path, name):
-    """The kB value of the line NAME: of a /proc file (/proc/meminfo, /proc/PID/status, proc(5)); None if absent."""
-    try:
-        with open(path, encoding="ascii", errors="replace") as handle:
-            for line in handle:
-                key, _, value = line.partition(":")
-                if key == name:
-                    return int(value.split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
 def memory_short(main_pid, margin_mb, proc="/proc"):
-    """Message when MemAvailable cannot hold the service's VmRSS again plus MARGIN_MB, else None.
+    """Message when MemAvailable cannot hold the service's VmRSS (its process tree's: vLLM's model lives in a child
+    process) again plus MARGIN_MB, else None.
 
     No running service (MAIN_PID 0 or gone) needs no room beside it."""
-    rss = kib_field(f"{proc}/{main_pid}/status", "VmRSS") if main_pid else None
+    rss = tree_kib(main_pid, "VmRSS", proc) if main_pid else None
     available = kib_field(f"{proc}/meminfo", "MemAvailable")
     if rss is None or available is None or available >= rss + margin_mb * 1024:
         return None

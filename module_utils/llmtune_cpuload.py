@@ -17,15 +17,74 @@ STEAL_LIMIT_PERCENT = 5.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def process_cpu_s(pid):
-    """utime + stime of process PID in seconds, all its threads (fields 14 and 15 of /proc/PID/stat, proc(5));
-    None when it is gone or unreadable."""
+def _own_and_reaped_ticks(pid):
+    """utime + stime + cutime + cstime of process PID, all its threads and its reaped children (fields 14-17 of
+    /proc/PID/stat, proc(5)); None when it is gone or unreadable."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
             fields = handle.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        return sum(int(field) for field in fields[11:15])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def _children(pid, proc="/proc"):
+    """Live child PIDs of process PID (/proc/PID/task/TID/children of each thread, proc(5))."""
+    out = []
+    try:
+        tasks = os.listdir(f"{proc}/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            with open(f"{proc}/{pid}/task/{tid}/children", encoding="ascii") as handle:
+                out += [int(child) for child in handle.read().split()]
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def process_tree(pid, proc="/proc"):
+    """PID and its live descendants, PID first (PROC: where procfs is): an engine may run its model in child processes
+    (vLLM's engine core and worker), whose CPU time and memory the engine's own figures leave out."""
+    tree, todo = [pid], _children(pid, proc)
+    while todo:
+        child = todo.pop()
+        if child not in tree:
+            tree.append(child)
+            todo += _children(child, proc)
+    return tree
+
+
+def kib_field(path, name):
+    """The kB value of the line NAME: of a /proc file (/proc/meminfo, /proc/PID/status, proc(5)); None if absent."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key == name:
+                    return int(value.split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def tree_kib(pid, name, proc="/proc"):
+    """The kB field NAME of /proc/PID/status (VmRSS, VmHWM) summed over PID's process tree; None when PID is gone."""
+    own = kib_field(f"{proc}/{pid}/status", name)
+    if own is None:
+        return None
+    return own + sum(kib_field(f"{proc}/{child}/status", name) or 0 for child in process_tree(pid, proc)[1:])
+
+
+def process_cpu_s(pid):
+    """CPU seconds of process PID and its descendants (process_tree); one that ended counts in its parent's cutime
+    and cstime once reaped. None when PID is gone or unreadable."""
+    tree = process_tree(pid)
+    own = _own_and_reaped_ticks(pid)
+    if own is None:
+        return None
+    return (own + sum(_own_and_reaped_ticks(child) or 0 for child in tree[1:])) / CLOCK_TICKS
 
 
 def cpu_sample(pids):

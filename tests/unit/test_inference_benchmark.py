@@ -417,6 +417,31 @@ def test_synthetic_prompts_start_with_different_words():
     assert len(set(firsts)) == len(bench.SYNTHETIC_WORDS)
 
 
+def test_an_engines_cpu_counts_its_child_processes():
+    """vLLM's API server runs the model in a child (engine core) of a child (worker): a parent that waits while its
+    grandchild spins shows the grandchild's CPU as its own, while it runs and after it is reaped."""
+    from ansible.module_utils.llmtune_cpuload import process_cpu_s, process_tree
+
+    spin = "import time\nend = time.process_time() + 0.6\nwhile time.process_time() < end: pass\n"
+    child = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {spin!r}])\nsys.stdin.read()\n"
+    run_child = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {child!r}], stdin=sys.stdin)\n"
+    parent = subprocess.Popen([sys.executable, "-c", run_child], stdin=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 10
+        while len(process_tree(parent.pid)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(process_tree(parent.pid)) == 3
+        own = psutil.Process(parent.pid).cpu_times()
+        # The grandchild ends once it has spun 0.6 s; its parent (the child) reaps it and waits on stdin.
+        while len(process_tree(parent.pid)) > 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(process_tree(parent.pid)) == 2
+        assert process_cpu_s(parent.pid) >= 0.6 > own.user + own.system
+    finally:
+        parent.communicate(b"", timeout=30)
+    assert process_cpu_s(parent.pid) is None
+
+
 def test_cpu_split_separates_engine_benchmark_and_others():
     before = {"wall": 100.0, "busy": 50.0, "steal": 0, "total": 10000, "engine": 20.0, "own": 1.0}
     after = {"wall": 110.0, "busy": 68.0, "steal": 100, "total": 12000, "engine": 32.0, "own": 2.0}
