@@ -90,6 +90,12 @@ options:
       - Bandwidth measured before, in GB/s; skips the probe (O(cpus), O(threads) and O(size_mb) are then unused;
         O(python) must still exist, it reads a C(.gguf) O(model_path)).
     type: float
+  probe:
+    description:
+      - C(false) measures nothing and returns only RV(model) (O(model_path) is then required; O(python) is only used
+        to read a C(.gguf) file), e.g. to size a KV cache of O(context_tokens) tokens.
+    type: bool
+    default: true
   timeout:
     description:
       - Seconds the probe may take, imports included.
@@ -148,12 +154,12 @@ EXAMPLES = r"""
 RETURN = r"""
 bandwidth_gb_s:
   description: Read bandwidth, 10^9 bytes/s (median of the last O(repeats) passes, or O(bandwidth_gb_s)).
-  returned: success
+  returned: unless O(probe=false)
   type: float
   sample: 18.4
 probe:
   description: How the bandwidth was measured.
-  returned: unless O(bandwidth_gb_s) is given
+  returned: unless O(bandwidth_gb_s) is given or O(probe=false)
   type: dict
   contains:
     engine:
@@ -217,7 +223,7 @@ model:
       returned: when O(model_path) is a C(.gguf) file
 decode_upper_bound_tokens_per_s:
   description: Bandwidth / bytes read per decoded token, tokens/s at batch 1.
-  returned: when O(model_path) is set
+  returned: when O(model_path) is set, unless O(probe=false)
   type: float
   sample: 14.9
 """
@@ -465,7 +471,10 @@ def run(params, systemd_run=None):
         return result, "spread_percent must be > 0 and max_passes >= 1"
     if params["bandwidth_gb_s"] is not None and params["bandwidth_gb_s"] <= 0:
         return result, "bandwidth_gb_s must be > 0"
-    if not os.access(params["python"], os.X_OK):
+    if not params["probe"] and not params["model_path"]:
+        return result, "probe=false needs model_path (the model is all it reads)"
+    needs_python = params["probe"] or (params["model_path"] or "").endswith(".gguf")
+    if needs_python and not os.access(params["python"], os.X_OK):
         return result, f"python {params['python']} is not an executable file (is the service installed?)"
     try:
         model = None
@@ -476,6 +485,9 @@ def run(params, systemd_run=None):
                                          params["timeout"], params["table_cache_dir"])
         elif params["model_path"]:
             model = model_bytes_per_token(params["model_path"], params["dtype"], params["context_tokens"])
+        if not params["probe"]:
+            result["model"] = model
+            return result, None
         if params["bandwidth_gb_s"]:
             bandwidth = params["bandwidth_gb_s"]
         else:
@@ -501,6 +513,7 @@ ARGUMENT_SPEC = {
     "spread_percent": {"type": "float", "default": 5},
     "max_passes": {"type": "int", "default": 40},
     "bandwidth_gb_s": {"type": "float"},
+    "probe": {"type": "bool", "default": True},
     "timeout": {"type": "int", "default": 120},
     "model_path": {"type": "path"},
     "dtype": {"type": "str", "default": "auto", "choices": ["auto", "bfloat16", "float16", "float32"]},

@@ -111,6 +111,17 @@ def test_a_given_bandwidth_skips_the_probe(tmp_path):
     assert (result["bandwidth_gb_s"], result["decode_upper_bound_tokens_per_s"]) == (20.0, 5000.0)
 
 
+def test_without_the_probe_only_the_model_is_read(tmp_path):
+    """probe=false sizes a KV cache (the inference_service role's for vLLM): no bandwidth, no Python of the service."""
+    path = write_model(tmp_path, {"lm_head.weight": torch.zeros(10, 4)}, **LAYER)
+    result, failure = mb.run(params(model_path=path, context_tokens=4096, probe=False, python="/nonexistent",
+                                    dtype="bfloat16"))
+    # 1 layer x (K, V) x 1 KV head x head_dim 2 x 4096 tokens x 2 bytes.
+    assert failure is None and set(result) == {"changed", "model"}
+    assert result["model"]["kv_bytes_per_token"] == 1 * 2 * 1 * 2 * 4096 * 2
+    assert mb.run(params(probe=False)) == ({"changed": False}, "probe=false needs model_path (the model is all it reads)")
+
+
 @pytest.mark.parametrize("overrides, message", [
     ({"spread_percent": 0.0}, "spread_percent must be > 0 and max_passes >= 1"),
     ({"bandwidth_gb_s": -1.0}, "bandwidth_gb_s must be > 0"),
