@@ -85,6 +85,30 @@ def test_the_controller_writes_the_table_and_the_chart(recorded, tmp_path):
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 20000
 
 
+def test_the_auto_tunes_chart_draws_every_engine_it_swept(recorded, tmp_path):
+    """The auto-tune's report task: the same script on its stored result, a sweep per engine (the recorded one, and
+    the same again as another engine); a failed sweep is left out, and a result without any draws nothing."""
+    sweep = {"engine": "llama_cpp", "of": {"format": "bf16"}, "status": "measured", "sweep": recorded["result"],
+             "engine_batched": recorded["engine_batched"]}
+    other = dict(sweep, engine="vllm", of={"format": "bfloat16"}, engine_batched={})
+    failed = {"engine": "transformers", "status": "failed: The engine failed to start"}
+    source, chart = tmp_path / "node1-autotune.json", tmp_path / "node1-autotune-capacity.png"
+    source.write_text(json.dumps({"host": "node1", "capacities": [sweep, other, failed]}))
+    done = subprocess.run([sys.executable, SCRIPT, "--autotune", str(source), str(chart)], capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 20000
+    chart.unlink()
+    source.write_text(json.dumps({"host": "node1", "capacities": [failed]}))
+    assert subprocess.run([sys.executable, SCRIPT, "--autotune", str(source), str(chart)], timeout=120,
+                          check=False).returncode == 0
+    assert not chart.exists()
+    tsk = task("roles/autotune/tasks/report.yml", "Draw the capacity stage's sweeps (PNG)")
+    assert condition(tsk["when"], __autotune_result={"capacities": [failed]}) is False
+    assert condition(tsk["when"], __autotune_result={"capacities": [failed, sweep]}) is True
+    assert condition(tsk["when"], __autotune_result={"capacity": None}) is False
+
+
 def test_the_host_report_names_its_capacity(recorded):
     from test_jinja_expressions import VALIDATION
 
