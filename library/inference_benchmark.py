@@ -103,8 +103,8 @@ options:
         C(max_new_tokens) to O(max_tokens); C(transformers serve) builds the request's C(GenerationConfig)
         from it (C(transformers/cli/serving/utils.py)), so sampling is then greedy. C(transformers serve)
         rejects unknown fields (HTTP 422), so the C(ignore_eos) field of vLLM and SGLang is not sent.
-      - With O(server=llama_cpp) sends C(ignore_eos) instead (a request field of llama.cpp's C(llama-server),
-        C(tools/server/README.md)).
+      - With O(server=llama_cpp) or O(server=vllm) sends C(ignore_eos) instead (a request field of llama.cpp's
+        C(llama-server), C(tools/server/README.md), and of vLLM's sampling parameters).
     type: bool
     default: false
   server:
@@ -112,7 +112,7 @@ options:
       - Server the requests go to, for the one request field outside the OpenAI API (O(ignore_eos)).
     type: str
     default: transformers
-    choices: [transformers, llama_cpp]
+    choices: [transformers, llama_cpp, vllm]
   decode_upper_bound:
     description:
       - Roofline of decode for this host and model in tokens/s (memory bandwidth / bytes read per decoded
@@ -914,7 +914,7 @@ def stream_request(url, model, prompt, params):
             "max_tokens": params["max_tokens"], "stream": True}
     if params["include_usage"]:
         body["stream_options"] = {"include_usage": True}
-    if params["ignore_eos"] and params["server"] == "llama_cpp":
+    if params["ignore_eos"] and params["server"] in ("llama_cpp", "vllm"):
         body["ignore_eos"] = True
     elif params["ignore_eos"]:
         body["generation_config"] = json.dumps({"min_new_tokens": params["max_tokens"],
@@ -1393,7 +1393,7 @@ ARGUMENT_SPEC = {
     "prompt_seed": {"type": "int"},
     "max_tokens": {"type": "int", "default": 64},
     "ignore_eos": {"type": "bool", "default": False},
-    "server": {"type": "str", "default": "transformers", "choices": ["transformers", "llama_cpp"]},
+    "server": {"type": "str", "default": "transformers", "choices": ["transformers", "llama_cpp", "vllm"]},
     "decode_upper_bound": {"type": "float"},
     "requests": {"type": "int", "default": 8},
     "concurrency": {"type": "list", "elements": "int", "default": [1]},

@@ -4,15 +4,16 @@ time budget, a row made from a measurement, the choice after each stage and why,
 mapping from a measured setting to the inference_service role's variables (library/autotune_sweep.py and
 library/service_setting.py call these; tests/unit/test_autotune.py tests them on recorded rows).
 
-A setting is a dict of SETTING_KEYS: engine (transformers or llama_cpp), format (the transformers dtype or the GGUF
-weight type), threads, cpus, tuned (false: engine defaults, the reference), allocator, parallel (llama.cpp slots),
+A setting is a dict of SETTING_KEYS: engine (transformers, llama_cpp or vllm), format (the transformers or vLLM dtype
+or the GGUF weight type), threads, cpus, tuned (false: engine defaults, the reference), allocator, parallel (llama.cpp
+slots, vLLM's sequences at once),
 continuous_batching (transformers) and layout (single, or per_node: one engine per NUMA node). A row is a setting
 with its status and figures. The sweep's state is a plain dict that each call takes and returns.
 
 Last, the capacity stage sweeps concurrent streams on the chosen setting (the benchmark's capacity sweep at the
 operator's latency targets), and with more than one request in flight on each other engine's best setting too, and
-chooses between the engines by it; the host is served with as many llama.cpp slots as streams met the targets, and
-nginx admits as many requests (served_setting()).
+chooses between the engines by it; the host is served with as many llama.cpp or vLLM slots as streams met the
+targets, and nginx admits as many requests (served_setting()).
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ RESULT_VERSION = 3
 SETTING_KEYS = ("engine", "format", "threads", "cpus", "tuned", "allocator", "parallel", "continuous_batching",
                 "layout")
 QUANTIZED = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
+# Engines that serve a fixed number of sequences at once, each with its KV cache (llama.cpp's slots, vLLM's
+# max_num_seqs); transformers serve batches only with continuous batching and has no such limit.
+SLOT_ENGINES = ("llama_cpp", "vllm")
+ENGINE_NAMES = {"transformers": "transformers serve", "llama_cpp": "llama.cpp", "vllm": "vLLM"}
 BF16 = ("bfloat16", "bf16")
 FP32 = ("float32", "f32")
 # Phases in the order the sweep measures them. Every allowed engine's most promising stack comes first, then the
@@ -62,7 +67,7 @@ class SweepError(Exception):
 def service_variables(setting, max_concurrent, context_tokens=0):
     """The inference_service variables that serve SETTING (a row, a stored winner of any version of this project:
     missing keys and nulls take the role's defaults). MAX_CONCURRENT is the operator's
-    inference_service_max_concurrent, the requests nginx admits and the slots of a llama.cpp setting that names
+    inference_service_max_concurrent, the requests nginx admits and the slots of a llama.cpp or vLLM setting that names
     neither ("admitted", "parallel"); CONTEXT_TOKENS the operator's inference_service_context_tokens, the context of
     each slot unless the setting names one (the capacity stage's sweep)."""
     engine = setting.get("engine") or "transformers"
@@ -71,7 +76,7 @@ def service_variables(setting, max_concurrent, context_tokens=0):
     return {
         "inference_service_tuned": setting.get("tuned") is not False,
         "inference_service_engine": engine,
-        # A GGUF file holds its own types: llama.cpp's dtype is auto, and transformers ignores the GGUF type.
+        # A GGUF file holds its own types: llama.cpp's dtype is auto, and the other engines ignore the GGUF type.
         "inference_service_dtype": "auto" if llama else (setting.get("dtype") or fmt or "auto"),
         "inference_service_gguf_type": (setting.get("gguf_type") or fmt or "bf16") if llama else "bf16",
         "inference_service_threads": int(setting.get("threads") or 0),
@@ -167,7 +172,7 @@ def candidate_stacks(config):
     the operator's order. Quantized GGUF types only when allowed."""
     stacks = []
     for engine in config["engines"]:
-        if engine == "transformers":
+        if engine in ("transformers", "vllm"):
             stacks += [[engine, dtype] for dtype in config["dtypes"]]
         elif engine == "llama_cpp":
             stacks += [[engine, gguf] for gguf in config["gguf_types"]
@@ -248,7 +253,7 @@ def phase_settings(phase, state):
     if phase == "reference":
         engine = config["engines"][0]
         own = [stack[1] for stack in stacks + later if stack[0] == engine]
-        fmt = "auto" if engine == "transformers" else (own[0] if own else "bf16")
+        fmt = (own[0] if own else "bf16") if engine == "llama_cpp" else "auto"
         return [_setting(engine, fmt, config, threads=None, cpus="", tuned=False)]
     if phase == "stack":
         return [_setting(engine, fmt, config) for engine, fmt in stacks]
@@ -262,7 +267,7 @@ def phase_settings(phase, state):
     if phase == "allocator":
         return [dict(base, allocator=name) for name in config["allocators"] if name != "none"]
     if phase == "batching" and config["concurrency"] > 1:
-        if base["engine"] == "llama_cpp":
+        if base["engine"] in SLOT_ENGINES:
             return [dict(base, parallel=slots) for slots in slot_candidates(config) if slots != base["parallel"]]
         return [dict(base, continuous_batching=True)]
     if phase == "layout" and per_node_possible(config):
@@ -301,10 +306,10 @@ def sweep_context_tokens(config):
 
 
 def capacity_setting(base, config):
-    """The capacity stage's row: the chosen BASE with, for llama.cpp, a slot for each stream of the sweep's top
-    level (fewer slots would queue the streams past them in the engine, and the sweep would find the slots, not the
-    capacity), each of the workload's context."""
-    if base["engine"] != "llama_cpp":
+    """The capacity stage's row: the chosen BASE with, for an engine with slots, a slot for each stream of the
+    sweep's top level (fewer slots would queue the streams past them in the engine, and the sweep would find the slots,
+    not the capacity), each of the workload's context."""
+    if base["engine"] not in SLOT_ENGINES:
         return dict(base)
     return dict(base, parallel=config["capacity"]["max_concurrency"], context_tokens=sweep_context_tokens(config))
 
@@ -542,7 +547,7 @@ def capacity_record(setting, measurement):
                                           for level in taken["result"]["levels"]])
     streams = sweep["capacity"]["concurrency"]
     serve = {"admitted": max(streams, 1)}
-    if setting["engine"] == "llama_cpp":
+    if setting["engine"] in SLOT_ENGINES:
         serve["parallel"] = serve["admitted"]
     return dict(base, status="measured", streams=streams, serve=serve, sweep=sweep,
                 engine_batched=taken.get("engine_batched") or {})
@@ -725,7 +730,8 @@ def _served_lines(result, host):
     serve = cap["serve"]
     text = f"Served: nginx admits {serve['admitted']} request(s) at once, one more gets 429 with Retry-After"
     if "parallel" in serve:
-        text += f"; llama.cpp decodes them in {serve['parallel']} slot(s), each of the operator's context"
+        text += (f"; {ENGINE_NAMES.get(cap['engine'], cap['engine'])} decodes them in {serve['parallel']} slot(s), "
+                 "each of the operator's context")
     if not cap["streams"]:
         text += "; one stream alone misses the targets, so the host serves one at a time"
     if work.get("concurrency", 1) > serve["admitted"]:

@@ -269,6 +269,11 @@ def report_markdown(host, result, engine, engine_name):
 
 def engine_sentence(engine, engine_name):
     """One paragraph on the engine's own batched figure: what ran and how the service compares, or why none."""
+    if engine_name == "vllm":
+        return ("Engine's own batched figure: none compared. vLLM's own (`vllm bench throughput`) starts a second "
+                "engine beside the service: another copy of the weights and the KV cache, and its own compile at start "
+                "(minutes on a small host); the capacity stage does not run it yet, so the service's figures stand "
+                "alone.")
     if engine_name != "llama_cpp":
         return (f"Engine's own batched figure: none compared. {engine_name} has no batched benchmark of its own that "
                 "runs the served stack (transformers ships none; a generate() batch is not the code path of "

@@ -26,7 +26,7 @@ import datetime
 import decimal
 import math
 
-from ansible.module_utils.llmtune_autotune import served_setting, service_variables
+from ansible.module_utils.llmtune_autotune import SLOT_ENGINES, served_setting, service_variables
 from ansible.module_utils.llmtune_drift import PENDING, STATUSES
 
 PREFIX = "llmtune_"
@@ -187,12 +187,13 @@ def stack_families(autotune):
              format=served["inference_service_gguf_type"] if llama else served["inference_service_dtype"],
              layout=served["inference_service_layout"], allocator=served["inference_service_allocator"])
     threads = served["inference_service_threads"]
-    parallel = _number(setting.get("parallel")) if llama else None
+    parallel = _number(setting.get("parallel")) if served["inference_service_engine"] in SLOT_ENGINES else None
     capacity = _dict(autotune.get("capacity"))
     return [
         info,
         Family("stack_threads", "Threads of each engine of the chosen stack (0: the engine's default).").add(threads),
-        Family("stack_parallel_slots", "llama.cpp slots (requests decoded together) of the chosen stack.").add(parallel),
+        Family("stack_parallel_slots", "llama.cpp slots or vLLM sequences (requests decoded together) of the chosen "
+               "stack.").add(parallel),
         Family("autotune_capacity_streams",
                "Concurrent streams the chosen stack served within the latency targets (the auto-tune's capacity "
                "stage); nginx admits as many requests, at least one.")

@@ -6,7 +6,9 @@ set -euo pipefail
 name=${1:-llmtune-node}
 if [ "$(podman container inspect -f '{{.State.Running}}' "$name" 2>/dev/null)" != true ]; then
   podman rm -f "$name" >/dev/null 2>&1 || true
-  podman run -d --name "$name" --hostname "$name" "$LLMTUNE_IMAGE" >/dev/null
+  # /dev/shm of half the memory, as a host's tmpfs default (podman gives 64 MiB; vLLM's processes share 160 MiB).
+  shm_kib=$(($(awk '/^MemTotal:/ {print $2}' /proc/meminfo) / 2))
+  podman run -d --name "$name" --hostname "$name" --shm-size "${shm_kib}k" "$LLMTUNE_IMAGE" >/dev/null
 fi
 # Right after `podman run`, systemd may not have its bus yet ("Failed to connect to bus"): ask again.
 for _ in $(seq 30); do

@@ -52,7 +52,7 @@ def non_streamed(client: openai.OpenAI, model: str, max_tokens: int) -> dict:
 def streamed(client: openai.OpenAI, model: str, max_tokens: int) -> dict:
     """One chat completion as server-sent events; returns the joined text, chunk count and usage.
 
-    Both engines send token counts in a last event when asked (``stream_options.include_usage``).
+    Every engine sends token counts in a last event when asked (``stream_options.include_usage``).
     """
     pieces, finish_reason, chunks, usage, first_token_at = [], None, 0, None, None
     start = time.monotonic()
@@ -125,9 +125,9 @@ def concurrent_streams(client: openai.OpenAI, model: str, engine: str, n: int, m
     Each must generate exactly MAX_TOKENS tokens (its usage; EOS ignored) and finish with ``length``; every poll
     must answer 200. Returns per-stream seconds and the poll counts.
     """
-    # EOS ignored so that every stream has the same length: llama-server's ignore_eos field, transformers serve's
-    # generation_config (both outside the OpenAI API, sent through extra_body).
-    extra = ({"ignore_eos": True} if engine == "llama_cpp" else
+    # EOS ignored so that every stream has the same length: llama-server's and vLLM's ignore_eos field, transformers
+    # serve's generation_config (both outside the OpenAI API, sent through extra_body).
+    extra = ({"ignore_eos": True} if engine in ("llama_cpp", "vllm") else
              {"generation_config": json.dumps({"min_new_tokens": max_tokens, "max_new_tokens": max_tokens})})
     root = str(client.base_url).rstrip("/").removesuffix("/v1")
     done = False
@@ -185,7 +185,7 @@ def main() -> None:
         help="bearer token (default: $OPENAI_API_KEY; any value when the engine is direct)",
     )
     parser.add_argument("--max-tokens", type=int, default=8, help="tokens to generate per request")
-    parser.add_argument("--engine", choices=("transformers", "llama_cpp"), default="transformers",
+    parser.add_argument("--engine", choices=("transformers", "llama_cpp", "vllm"), default="transformers",
                         help="engine behind the API (how --concurrent asks it to ignore end-of-sequence)")
     parser.add_argument("--expect-auth", action="store_true", help="also check that a wrong key gets 401")
     parser.add_argument("--expect-limit", type=int, default=0, help="requests in flight the proxy allows (0: skip)")

@@ -802,3 +802,41 @@ def test_one_request_in_flight_sweeps_the_chosen_engine_alone():
                            capacity=lambda setting: sweep_with(4 if setting["engine"] == "llama_cpp" else 1))
     assert [row["setting"]["engine"] for row in planned if row["stage"] == "capacity"] == ["transformers"]
     assert state["chosen"]["engine"] == "transformers" and state["capacity"]["streams"] == 1
+
+
+# --- vLLM's CPU engine ---------------------------------------------------------------------------------------------
+
+def test_vllm_is_measured_at_each_allowed_dtype_with_float32_last():
+    cfg = config(engines=["transformers", "llama_cpp", "vllm"])
+    assert at.candidate_stacks(cfg) == ([["transformers", "bfloat16"], ["llama_cpp", "bf16"], ["vllm", "bfloat16"]],
+                                        [TF32, ["vllm", "float32"]])
+    firsts = at.phase_settings("first", {"config": cfg, "chosen": None})
+    assert [(s["engine"], s["format"]) for s in firsts] == [("transformers", "bfloat16"), ("llama_cpp", "bf16"),
+                                                          ("vllm", "bfloat16")]
+    # vLLM first: its reference row is the engine's defaults on the checkpoint's dtype.
+    reference = at.phase_settings("reference", {"config": config(engines=["vllm"]), "chosen": None})
+    assert [(s["engine"], s["format"], s["tuned"]) for s in reference] == [("vllm", "auto", False)]
+
+
+def test_a_vllm_setting_serves_its_dtype_and_sequences():
+    setting = at.setting_of({"engine": "vllm", "format": "bfloat16", "threads": 2, "cpus": "0 1", "tuned": True,
+                             "allocator": "none", "parallel": 8, "continuous_batching": False, "layout": "single"})
+    variables = at.service_variables(setting, 4, 4096)
+    assert (variables["inference_service_engine"], variables["inference_service_dtype"],
+            variables["inference_service_parallel"], variables["inference_service_max_concurrent"]) == \
+        ("vllm", "bfloat16", 8, 4)
+    assert at.check_service_variables(variables, SERVICE_SPEC) == []
+    assert at.row_of(setting, "stack")["gguf_type"] is None
+
+
+def test_a_concurrent_workload_sweeps_vllms_sequences_and_its_capacity():
+    cfg = capacity_config(engines=["vllm"], concurrency=4)
+    state, planned = sweep(cfg, lambda setting: 20.0, capacity=lambda setting: sweep_with(8))
+    batching = [row["setting"]["parallel"] for row in planned if row["stage"] == "batching"]
+    assert batching == [1, 2, 4]
+    # The capacity stage runs a sequence for each stream of its top level, each of the sweep's context.
+    assert planned[-1]["setting"]["parallel"] == 64 and planned[-1]["setting"]["context_tokens"] == 256
+    result = at.result_of(state, 2000.0, "now", {})
+    assert result["capacity"]["serve"] == {"admitted": 8, "parallel": 8}
+    assert "vLLM decodes them in 8 slot(s), each of the operator's context" in \
+        at.report_markdown(result, "node", "EPYC", {})

@@ -538,12 +538,15 @@ def test_fleet_row_takes_this_runs_report_even_when_it_reused_a_validation(tmp_p
 
 @pytest.mark.parametrize("engine, model, context", [
     ("llama_cpp", "qwen3-test-tiny", 2048),
-    ("transformers", "/var/lib/llm-inference/models/qwen3-0.6b-proxy", None)])
+    ("transformers", "/var/lib/llm-inference/models/qwen3-0.6b-proxy", None),
+    ("vllm", "qwen3-0.6b-2l-proxy", 1024)])
 def test_verify_api_reads_execstart(engine, model, context):
     tsk = task("molecule/default/verify_api.yml", "Take the engine and served model from ExecStart")
     execstart = read(JINJA, "execstart-" + engine).strip()
-    variables = {"__exec": execstart, "__llama": engine == "llama_cpp"}
+    variables = {"__exec": execstart}
+    variables["__engine"] = render(tsk["vars"]["__engine"], **variables)
     facts = tsk["ansible.builtin.set_fact"]
+    assert render(facts["verify_api_engine"], **variables) == engine
     assert render(facts["verify_api_model"], **variables) == model
     assert render(facts["verify_api_context"], **variables) == context
 
@@ -977,6 +980,41 @@ def test_the_hosts_slots_are_split_between_its_engines(layout, parallel, expecte
     assert len(execs) == 1 and expected in execs[0], unit
 
 
+@pytest.mark.parametrize("layout, tuned, bind, seqs", [
+    # One engine: a thread bound to each CPU of the unit; 4 sequences, a KV cache of 4 contexts.
+    ("single", True, "VLLM_CPU_OMP_THREADS_BIND=0", "--max-num-seqs 4 "),
+    # Untuned (the baseline): vLLM binds its own threads.
+    ("single", False, None, "--max-num-seqs 4 "),
+    # One engine per NUMA node: each binds its node's CPUs (its drop-in) and takes half the host's sequences.
+    ("per_node", True, None, "--max-num-seqs 2 "),
+])
+def test_the_vllm_unit_sizes_its_kv_cache_and_binds_its_threads(layout, tuned, bind, seqs):
+    variables = service_vars("qemu-2node", inference_service_layout=layout, inference_service_engine="vllm",
+                             inference_service_parallel=4, inference_service_tuned=tuned,
+                             inference_service_dtype="bfloat16")
+    variables["cpu_topology"]["numa_policy_permitted"] = True
+    # What memory_bandwidth returns for the model at a context of every sequence of the first engine.
+    kv = {"model": {"kv_bytes_per_token": 123456789}}
+    variables.update(ansible_managed="managed", __inference_service_model_path="/opt/llmtune/models/qwen3-0.6b",
+                     __inference_service_allocator_lib="", __inference_service_mlock_bytes=0,
+                     __inference_service_vllm_kv=kv,
+                     ansible_facts=dict(variables["ansible_facts"], systemd={"version": 252}))
+    unit = render_template_file("roles/inference_service/templates/inference.service.j2", **variables)
+    execs = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert execs == [
+        "ExecStart=/opt/llmtune/venv/bin/python -m vllm.entrypoints.openai.api_server --model /opt/llmtune/models/qwen3-0.6b"
+        " --served-model-name qwen3-0.6b --host 127.0.0.1 --port " + ("${LLMTUNE_PORT}" if layout == "per_node" else "8000")
+        + " --dtype bfloat16 " + seqs + "--max-model-len 4096 --kv-cache-memory-bytes 123456789 --enable-prefix-caching"
+        " --disable-uvicorn-access-log"], unit
+    binds = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("Environment=VLLM_CPU_OMP_THREADS_BIND")]
+    assert binds == ([bind] if bind else []), unit
+    assert "Environment=VLLM_CACHE_ROOT=/var/cache/llm-inference/vllm" in unit.splitlines()
+    if layout == "per_node":
+        instance = render("{{ __inference_service_instances }}", **variables)[1]
+        conf = render_template_file("roles/inference_service/templates/instance.conf.j2", __instance=instance, **variables)
+        assert "Environment=VLLM_CPU_OMP_THREADS_BIND=1" in conf.splitlines()
+
+
 @pytest.mark.parametrize("ports, ok", [([8100], True), ([7999], False), ([8001], False), ([8002], True)])
 def test_the_twins_ports_stay_off_the_engines_ports(ports, ok):
     """Two engines (8000, 8001) have two twins from each firewall port: 7999 would put the second twin on 8000."""
@@ -1115,3 +1153,20 @@ def test_bandwidth_is_probed_at_most_once_a_run(stored, in_play, remeasure, know
     # A dict var: Ansible renders each of its values.
     variables["__wanted"] = render_tree(tsk["vars"]["__wanted"], **variables)
     assert render(tsk["ansible.builtin.set_fact"]["__benchmark_bandwidth_known"], **variables) == known
+
+
+def test_the_rollback_purges_the_deploys_packages_that_nothing_depends_on():
+    """apt-get -s autoremove --purge (apt 2.6, Depends only) after the deploy's packages (recorded with the
+    dependencies apt added: g++, binutils, libnuma1) were marked as installed automatically: binutils, which
+    python3.11 only suggests, goes with them; a package the deploy did not install stays."""
+    tsk = task("roles/rollback/tasks/deploy.yml", "Purge those the deploy installed")
+    after = ("Reading package lists...\nThe following packages will be REMOVED:\n  binutils* g++* libnuma1*\n"
+             "Purg g++ [4:12.2.0-3]\nPurg binutils [2.40-2]\nPurg libnuma1 [2.0.16-1]\n"
+             "Purg linux-image-6.1.0-25-amd64 [6.1.106-3]\n")
+    variables = dict(tsk["vars"], rollback_autoremove={"stdout": after},
+                     rollback_dpkg={"stdout_lines": ["ii  g++", "ii  binutils", "ii  libnuma1", "un  python3-dev"]})
+    variables["__installed"] = render(task("roles/rollback/tasks/deploy.yml", "Remove the packages the deploy installed")
+                                      ["vars"]["__installed"], **variables)
+    assert sorted(render(tsk["vars"]["__removable"], **variables)) == ["binutils", "g++", "libnuma1"]
+    argv = render("{{ __rollback_autoremove_argv }}", **load("roles/rollback/vars/main.yml"))
+    assert "APT::AutoRemove::SuggestsImportant=false" in argv and "APT::AutoRemove::RecommendsImportant=false" in argv

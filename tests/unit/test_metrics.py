@@ -215,6 +215,10 @@ def test_a_drift_check_exports_its_rows_until_the_tuning_runs_again(exporter, ho
     ("one engine per NUMA node",
      json.loads(read(FIXTURES, "autotune", "stored-choices.json"))["one engine per NUMA node"],
      {"engine": "llama_cpp", "format": "bf16", "layout": "per_node", "allocator": "none"}, 4),
+    # vLLM: its dtype, and its sequences as the slots.
+    ("vLLM", {"engine": "vllm", "format": "bfloat16", "threads": 2, "cpus": "0 1", "tuned": True, "allocator": "none",
+              "parallel": 8, "continuous_batching": False, "layout": "single"},
+     {"engine": "vllm", "format": "bfloat16", "layout": "single", "allocator": "none"}, 8),
 ])
 def test_every_stored_choice_exports_its_stack(exporter, tmp_path, capsys, name, chosen, labels, slots):
     folder, url = exporter
