@@ -1,19 +1,27 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-"""Ansible module engine_batched_bench: the served llama.cpp engine's own batched benchmark, beside the service."""
+"""Ansible module engine_batched_bench: the served engine's own batched benchmark (llama.cpp, vLLM), beside the service."""
 
 from __future__ import annotations
 
 DOCUMENTATION = r"""
 ---
 module: engine_batched_bench
-short_description: Run llama.cpp's llama-batched-bench as the service runs llama-server and compare the two
+short_description: Run the served engine's own batched benchmark as the service runs it and compare the two
 description:
   - Reads what a systemd service runs with C(systemctl show) (its C(ExecStart), C(Environment), C(User),
-    C(CPUAffinity), C(Slice)) and, when that is C(llama-server), runs C(llama-batched-bench) of the same build folder
-    (llama.cpp's C(tools/batched-bench)) with the server's options (the same GGUF, threads, batch and micro-batch
-    sizes, flash attention, cache types, load mode), environment, user, CPU pinning and slice; the server-only
+    C(CPUAffinity), C(Slice)) and runs the same engine's own batched benchmark with the server's options,
+    environment, user, CPU pinning and slice.
+  - For C(llama-server), C(llama-batched-bench) of the same build folder (llama.cpp's C(tools/batched-bench)) with
+    the same GGUF, threads, batch and micro-batch sizes, flash attention, cache types and load mode; the server-only
     options (host, port, alias, slots, web UI, metrics, key) are left out.
+  - For vLLM's OpenAI server (C(python -m vllm.entrypoints.openai.api_server)), one offline engine of vLLM
+    (C(LLM.from_engine_args), as C(vllm bench latency) builds it) in the same Python with the server's engine
+    arguments (parsed by vLLM's own C(EngineArgs) parser; HTTP options are not engine arguments), given B prompts of
+    random token ids at once (new ones each run, so no prefix-cache hit) with the sampling the server applies; the
+    median of 3 runs after a warm-up, once with all output tokens and once with 1 (the prefill). Its weights, KV cache
+    and compiled graphs (from the unit's cache) are a second copy beside the service, so it runs only where
+    C(MemAvailable) holds the service's resident memory again and O(memory_margin_mb), else it is skipped saying so.
   - It decodes B streams of O(prompt_tokens)-token prompts (each its own, not shared) and O(output_tokens) output
     tokens each, for every B of O(concurrency), and reports each B's output tokens/s with the prefill included,
     B x O(output_tokens) / (prefill + decode seconds). A streamed request of N output tokens is one prefill, whose
@@ -26,14 +34,14 @@ description:
     time meanwhile (C(/proc/stat)) into the benchmark's and everything else's, as C(inference_benchmark) does; a run
     during which other processes kept more than O(busy_limit) CPUs busy, or steal passed 5 %, is RV(noisy), and a
     gap it leaves is named so.
-  - Never changes the host (C(changed) is always false). A service that does not run C(llama-server), or a build
-    without C(llama-batched-bench), gives RV(skipped) with the reason. In check mode nothing runs.
+  - Never changes the host (C(changed) is always false). A service that runs another engine, a build without
+    C(llama-batched-bench) or too little memory gives RV(skipped) with the reason. In check mode nothing runs.
 version_added: "0.3.0"
 author: llmtune project
 options:
   unit:
     description:
-      - The systemd service running C(llama-server), with or without C(.service).
+      - The systemd service running C(llama-server) or vLLM's OpenAI server, with or without C(.service).
     type: str
     default: llm-inference
   concurrency:
@@ -71,9 +79,15 @@ options:
     default: 0.25
   timeout:
     description:
-      - Seconds C(llama-batched-bench) may run.
+      - Seconds the engine's own benchmark may run, its start included.
     type: float
     default: 1800
+  memory_margin_mb:
+    description:
+      - MiB that must stay free beside a second copy of the service's resident memory (its process tree's
+        C(VmRSS)) for the engine's own run to start, as for the direct-run twin (C(engine_direct)).
+    type: int
+    default: 512
   lock_path:
     description:
       - The benchmark lock (see C(inference_benchmark)); empty locks nothing.
@@ -87,6 +101,8 @@ options:
 seealso:
   - name: llama.cpp batched-bench
     link: https://github.com/ggml-org/llama.cpp/tree/master/tools/batched-bench
+  - name: vLLM offline inference
+    link: https://docs.vllm.ai/en/latest/serving/offline_inference.html
 """
 
 EXAMPLES = r"""
@@ -112,15 +128,19 @@ EXAMPLES = r"""
 
 RETURN = r"""
 skipped:
-  description: True when nothing ran (check mode, a service that is not C(llama-server), no C(llama-batched-bench)).
+  description: True when nothing ran (check mode, another engine, no C(llama-batched-bench), too little memory).
   returned: when nothing ran
   type: bool
 msg:
   description: Why nothing ran.
   returned: when nothing ran
   type: str
+tool:
+  description: What ran, C(llama-batched-bench) or C(vLLM LLM.generate).
+  returned: success
+  type: str
 argv:
-  description: The command run (without the C(systemd-run) scope around it).
+  description: The command run (without the C(systemd-run) scope around it; for vLLM the script is left out).
   returned: success
   type: list
   elements: str
@@ -134,11 +154,13 @@ cpus:
   type: list
   elements: int
 slots:
-  description: The server's C(--parallel), the streams it decodes together (null when not set).
+  description: The server's C(--parallel) (vLLM C(--max-num-seqs)), the streams it decodes together (null when not
+    set).
   returned: success
   type: int
 server_context:
-  description: The server's C(--ctx-size) (null when not set); the benchmark's is in RV(argv).
+  description: The server's C(--ctx-size) (vLLM C(--max-model-len)) (null when not set); the benchmark's is in
+    RV(argv).
   returned: success
   type: int
 prompt_tokens:
@@ -162,7 +184,7 @@ seconds:
   returned: success
   type: float
 cpu:
-  description: CPU use while it ran, in CPUs, C(engine) (llama-batched-bench), C(benchmark) (this module), C(other)
+  description: CPU use while it ran, in CPUs, C(engine) (the engine's own run), C(benchmark) (this module), C(other)
     and C(steal_percent).
   returned: success
   type: dict
@@ -173,7 +195,8 @@ noisy:
 rows:
   description: One per B of O(concurrency), as llama-batched-bench reported it (C(pp), C(tg), C(pl) = B, C(t_pp),
     C(t_tg), C(t) seconds, C(speed_pp), C(speed_tg), C(speed) tokens/s, C(n_kv_max), C(n_batch), C(n_ubatch),
-    C(n_threads), C(n_threads_batch)) and C(output_tokens_per_s), its output tokens/s with the prefill included.
+    C(n_threads), C(n_threads_batch); vLLM's run gives the first nine) and C(output_tokens_per_s), its output
+    tokens/s with the prefill included.
   returned: success
   type: list
   elements: dict
@@ -197,9 +220,10 @@ import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmtune_capacity import (batched_bench_argv, compare_with_engine, engine_output_rate,
-                                                   parse_batched_bench)
-from ansible.module_utils.llmtune_cpuload import cpu_sample, cpu_split, is_noisy
+from ansible.module_utils.llmtune_capacity import (VLLM_BATCHED, VLLM_SERVER_MODULE, batched_bench_argv,
+                                                   compare_with_engine, engine_output_rate, parse_batched_bench,
+                                                   vllm_batched_argv)
+from ansible.module_utils.llmtune_cpuload import cpu_sample, cpu_split, is_noisy, memory_short
 from ansible.module_utils.llmtune_lock import LockError, hold_lock
 from ansible.module_utils.llmtune_systemd import (SHOW_PROPERTIES, UnitError, find_systemd_run, parse_show,
                                                   unit_command, unit_process)
@@ -208,26 +232,35 @@ ROW_KEYS = ("pp", "tg", "pl", "n_kv", "t_pp", "t_tg", "t", "speed_pp", "speed_tg
             "n_ubatch", "n_threads", "n_threads_batch", "flash_attn")
 
 
-def plan(params, show):
-    """What to run for the unit's `systemctl show` SHOW: (argv, environment additions, user, group, CPUs, slots,
+def plan(params, show, proc="/proc"):
+    """What to run for the unit's `systemctl show` SHOW: (tool, argv, environment additions, user, group, CPUs, slots,
     server context), or a str saying why nothing can run."""
     argv, env, user, group, cpus = unit_command(show)
-    if not any(arg.endswith("llama-server") for arg in argv):
-        return f"the service runs {os.path.basename(argv[0])}, not llama-server: no llama-batched-bench of its own"
-    bench, slots, context = batched_bench_argv(argv, params["concurrency"], params["prompt_tokens"],
-                                               params["output_tokens"])
-    program = next(arg for arg in bench if arg.endswith("llama-batched-bench"))
-    if not os.access(program, os.X_OK):
-        return f"no {program}: the build was made before llama-batched-bench was kept"
-    return bench, env, user, group, cpus, slots, context
+    sizes = (params["concurrency"], params["prompt_tokens"], params["output_tokens"])
+    if any(arg.endswith("llama-server") for arg in argv):
+        bench, slots, context = batched_bench_argv(argv, *sizes)
+        program = next(arg for arg in bench if arg.endswith("llama-batched-bench"))
+        if not os.access(program, os.X_OK):
+            return f"no {program}: the build was made before llama-batched-bench was kept"
+        return "llama-batched-bench", bench, env, user, group, cpus, slots, context
+    if argv[1:3] == ["-m", VLLM_SERVER_MODULE]:
+        short = memory_short(int(show.get("MainPID") or 0), params["memory_margin_mb"], proc,
+                             "vLLM's own batched run (a second engine)")
+        if short:
+            return short
+        bench, slots, context = vllm_batched_argv(argv, *sizes)
+        return "vLLM LLM.generate", bench, env, user, group, cpus, slots, context
+    return (f"the service runs {os.path.basename(argv[0])}, neither llama-server nor vLLM's OpenAI server: no "
+            "batched benchmark of its own")
 
 
 def run_bench(params, show, systemd_run=None):
-    """Run llama-batched-bench as the unit runs its engine; returns the module's result (without changed)."""
+    """Run the engine's own batched benchmark as the unit runs its engine; returns the module's result (without
+    changed)."""
     planned = plan(params, show)
     if isinstance(planned, str):
         return {"skipped": True, "msg": planned}
-    argv, env_add, user, group, cpus, slots, context = planned
+    tool, argv, env_add, user, group, cpus, slots, context = planned
     in_slice = show.get("Slice") if systemd_run else None
     run_argv, env, become = unit_process(argv, env_add, user, group, cpus, in_slice, systemd_run)
     lock, _waited = hold_lock(params["lock_path"], params["lock_timeout"])
@@ -237,7 +270,7 @@ def run_bench(params, show, systemd_run=None):
         done = subprocess.run(run_argv, env=env, cwd="/", stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               preexec_fn=become, timeout=params["timeout"], check=False)
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise UnitError(f"llama-batched-bench did not run to its end: {error}") from error
+        raise UnitError(f"{tool} did not run to its end: {error}") from error
     finally:
         if lock:
             lock.close()
@@ -245,19 +278,19 @@ def run_bench(params, show, systemd_run=None):
     seconds = round(time.monotonic() - clock, 1)
     if done.returncode != 0:
         tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-5:])
-        raise UnitError(f"llama-batched-bench exited with status {done.returncode}: {tail}")
+        raise UnitError(f"{tool} exited with status {done.returncode}: {tail}")
     try:
         rows = [dict({key: row.get(key) for key in ROW_KEYS}, output_tokens_per_s=engine_output_rate(row))
                 for row in parse_batched_bench(done.stdout)]
     except ValueError as error:
         raise UnitError(f"{error}: {done.stdout.strip()[-300:]}") from error
-    return {"argv": argv, "user": user, "cpus": sorted(cpus or os.sched_getaffinity(0)), "slots": slots,
+    return {"tool": tool, "argv": [arg for arg in argv if arg != VLLM_BATCHED], "user": user, "cpus": sorted(cpus or os.sched_getaffinity(0)), "slots": slots,
             "server_context": context, "prompt_tokens": params["prompt_tokens"],
             "output_tokens": params["output_tokens"], "max_gap_percent": params["max_gap_percent"],
             "started": started, "seconds": seconds, "rows": rows, "cpu": cpu,
             "noisy": is_noisy(cpu, params["busy_limit"]),
             "comparison": compare_with_engine(params["service_levels"], rows, slots, params["max_gap_percent"],
-                                              is_noisy(cpu, params["busy_limit"]))}
+                                              is_noisy(cpu, params["busy_limit"]), tool)}
 
 
 def child_cpu_s():
@@ -279,8 +312,8 @@ def check_options(params):
         return "concurrency must be a non-empty list of integers >= 1"
     if params["prompt_tokens"] < 1 or params["output_tokens"] < 2:
         return "prompt_tokens must be >= 1 and output_tokens >= 2"
-    if params["max_gap_percent"] < 0 or params["timeout"] <= 0 or params["busy_limit"] < 0:
-        return "max_gap_percent and busy_limit must be >= 0, timeout > 0"
+    if min(params["max_gap_percent"], params["busy_limit"], params["memory_margin_mb"]) < 0 or params["timeout"] <= 0:
+        return "max_gap_percent, busy_limit and memory_margin_mb must be >= 0, timeout > 0"
     return None
 
 
@@ -293,6 +326,7 @@ ARGUMENT_SPEC = {
     "max_gap_percent": {"type": "float", "default": 10},
     "busy_limit": {"type": "float", "default": 0.25},
     "timeout": {"type": "float", "default": 1800},
+    "memory_margin_mb": {"type": "int", "default": 512},
     "lock_path": {"type": "path", "default": "/run/llmtune/benchmark.lock"},
     "lock_timeout": {"type": "float", "default": 1800},
 }

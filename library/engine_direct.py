@@ -158,7 +158,7 @@ import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmtune_cpuload import kib_field, tree_kib
+from ansible.module_utils.llmtune_cpuload import memory_short
 from ansible.module_utils.llmtune_systemd import (SHOW_PROPERTIES, UnitError, exec_argv, expand,  # noqa: F401
                                                   find_systemd_run, parse_show, scope_argv, unit_command,
                                                   unit_process)
@@ -189,19 +189,6 @@ def twin_spec(show, port):
     unit's command with its --port on PORT."""
     argv, env, user, group, cpus = unit_command(show)
     return with_port(argv, port), env, user, group, cpus
-
-
-def memory_short(main_pid, margin_mb, proc="/proc"):
-    """Message when MemAvailable cannot hold the service's VmRSS (its process tree's: vLLM's model lives in a child
-    process) again plus MARGIN_MB, else None.
-
-    No running service (MAIN_PID 0 or gone) needs no room beside it."""
-    rss = tree_kib(main_pid, "VmRSS", proc) if main_pid else None
-    available = kib_field(f"{proc}/meminfo", "MemAvailable")
-    if rss is None or available is None or available >= rss + margin_mb * 1024:
-        return None
-    return (f"not enough memory for the twin beside the service: VmRSS {rss // 1024} MiB + margin {margin_mb} MiB "
-            f"> MemAvailable {available // 1024} MiB")
 
 
 def twin_files(unit, pid_file=None, log_path=None):

@@ -147,16 +147,75 @@ def batched_bench_argv(server_argv, concurrency, prompt_tokens, output_tokens):
     return argv, int(slots) if slots else None, int(context) if context else None
 
 
+# vLLM's own batched figure, run with the service's Python: one engine of the service's engine arguments (vLLM's
+# own parser; the server's HTTP options are not engine arguments and are left out), B prompts of PP random token ids
+# each (new ones every run, so no prefix-cache hit) prefilled and decoded together with the sampling the server
+# applies, the median of REPEATS runs after a warm-up, once with TG + 1 output tokens and once with 1 (the prefill).
+# One JSON line per B, in llama-batched-bench's fields.
+VLLM_BATCHED = r"""
+import json, random, statistics, sys, time
+from vllm import LLM
+from vllm.engine.arg_utils import EngineArgs
+from vllm.inputs import TokensPrompt
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+spec = json.loads(sys.argv[1])
+args, _ = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_known_args(spec["server_args"])
+llm = LLM.from_engine_args(EngineArgs.from_cli_args(args))
+vocab = llm.get_tokenizer().vocab_size
+draw = random.Random(spec["seed"])
+
+
+def seconds(streams, tokens):
+    prompts = [TokensPrompt(prompt_token_ids=[draw.randrange(vocab) for _ in range(spec["pp"])])
+               for _ in range(streams)]
+    sampling = llm.get_default_sampling_params()
+    sampling.max_tokens, sampling.ignore_eos = tokens, True
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, sampling, use_tqdm=False)
+    took = time.perf_counter() - start
+    if sorted(len(out.outputs[0].token_ids) for out in outputs) != [tokens] * streams:
+        sys.exit(f"vLLM did not give {tokens} tokens for each of {streams} prompts")
+    return took
+
+
+seconds(max(spec["pl"]), spec["tg"] + 1)
+for streams in spec["pl"]:
+    t = statistics.median(seconds(streams, spec["tg"] + 1) for _ in range(spec["repeats"]))
+    t_pp = statistics.median(seconds(streams, 1) for _ in range(spec["repeats"]))
+    t_tg = max(t - t_pp, 1e-6)
+    print(json.dumps({"pp": spec["pp"], "tg": spec["tg"], "pl": streams, "t_pp": round(t_pp, 4),
+                      "t_tg": round(t_tg, 4), "t": round(t, 4), "speed_pp": round(streams * spec["pp"] / t_pp, 3),
+                      "speed_tg": round(streams * spec["tg"] / t_tg, 3),
+                      "speed": round(streams * (spec["pp"] + spec["tg"]) / t, 3)}), flush=True)
+"""
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def vllm_batched_argv(server_argv, concurrency, prompt_tokens, output_tokens, repeats=3, seed=0):
+    """vLLM's own batched run (VLLM_BATCHED) for the server command SERVER_ARGV (the unit's `python -m
+    vllm.entrypoints.openai.api_server ...`): the same Python and engine arguments, B = each of CONCURRENCY streams of
+    PROMPT_TOKENS-token prompts and OUTPUT_TOKENS output tokens (TG = OUTPUT_TOKENS - 1, as for llama-batched-bench).
+    Returns (argv, the server's --max-num-seqs or None, its --max-model-len or None)."""
+    server = list(server_argv)
+    index = server.index(VLLM_SERVER_MODULE)
+    spec = {"server_args": server[index + 1:], "pp": prompt_tokens, "tg": max(output_tokens - 1, 1),
+            "pl": list(concurrency), "repeats": repeats, "seed": seed}
+    slots, context = option_value(server, ("--max-num-seqs",)), option_value(server, ("--max-model-len",))
+    argv = server[:index - 1] + ["-c", VLLM_BATCHED, json.dumps(spec)]
+    return argv, int(slots) if slots else None, int(context) if context else None
+
+
 def parse_batched_bench(text):
     """The rows of llama-batched-bench's JSONL output (one JSON object per line with pp, tg, pl, t_pp, t_tg, t and the
-    speeds; other lines are the program's log). ValueError when there is none."""
+    speeds; other lines are the program's log), or VLLM_BATCHED's. ValueError when there is none."""
     rows = []
     for line in text.splitlines():
         line = line.strip()
         if line.startswith("{") and '"pl"' in line:
             rows.append(json.loads(line))
     if not rows:
-        raise ValueError("no result line in llama-batched-bench's output")
+        raise ValueError("no result line in the engine's own benchmark's output")
     return rows
 
 
@@ -166,11 +225,11 @@ def engine_output_rate(row):
     return round(row["pl"] * (row["tg"] + 1) / row["t"], 3)
 
 
-def compare_with_engine(levels, rows, slots, limit_percent, engine_noisy=False):
+def compare_with_engine(levels, rows, slots, limit_percent, engine_noisy=False, tool="llama-batched-bench"):
     """Per level of the sweep: the service's aggregate output tokens/s against the engine's own at the same number of
     streams (RV of engine_batched_bench, comparison[]): gap_percent = 100 x (1 - service / engine), verdict
     within (|gap| at most LIMIT_PERCENT), beyond or not measured, and the reason of a gap beyond it (ENGINE_NOISY:
-    other processes took CPU time from the engine's own run)."""
+    other processes took CPU time from the engine's own run, TOOL)."""
     by_streams = {row["pl"]: row for row in rows}
     out = []
     for level in levels:
@@ -184,14 +243,14 @@ def compare_with_engine(levels, rows, slots, limit_percent, engine_noisy=False):
             entry["gap_percent"] = round(gap, 1) + 0.0  # no -0.0
             entry["verdict"] = "within" if abs(gap) <= limit_percent else "beyond"
             if entry["verdict"] == "beyond":
-                entry["reason"] = gap_reason(level, gap, slots, engine_noisy)
+                entry["reason"] = gap_reason(level, gap, slots, engine_noisy, tool)
         else:
-            entry["reason"] = f"llama-batched-bench gave no row for {streams(count)}"
+            entry["reason"] = f"{tool} gave no row for {streams(count)}"
         out.append(entry)
     return out
 
 
-def gap_reason(level, gap, slots, engine_noisy=False):
+def gap_reason(level, gap, slots, engine_noisy=False, tool="llama-batched-bench"):
     """Why the service's aggregate output tokens/s is GAP percent below (or above) the engine's own: every cause the
     measurement shows (fewer slots than streams, failed requests, other processes), else what differs between the
     two by design."""
@@ -203,7 +262,7 @@ def gap_reason(level, gap, slots, engine_noisy=False):
         causes.append(f"{level['errors']} of the service's requests failed")
     if level["noisy"] or engine_noisy:
         which = " and ".join(name for name, flag in (("the service's level", level["noisy"]),
-                                                    ("llama-batched-bench", engine_noisy)) if flag)
+                                                    (tool, engine_noisy)) if flag)
         causes.append(f"other processes took CPU time during {which}")
     if causes:
         return "; ".join(causes)
@@ -211,7 +270,7 @@ def gap_reason(level, gap, slots, engine_noisy=False):
         return ("the service was faster than the engine's own run right after it: the host's speed drifts between "
                 "runs (docs/results.md)")
     return ("serving: HTTP and streaming, and each new prompt prefilled between the other streams' decode steps "
-            "(llama-batched-bench prefills all B prompts, then decodes the B streams in lockstep)")
+            f"({tool} prefills all B prompts, then decodes the B streams in lockstep)")
 
 
 # --- the report ---
@@ -269,12 +328,7 @@ def report_markdown(host, result, engine, engine_name):
 
 def engine_sentence(engine, engine_name):
     """One paragraph on the engine's own batched figure: what ran and how the service compares, or why none."""
-    if engine_name == "vllm":
-        return ("Engine's own batched figure: none compared. vLLM's own (`vllm bench throughput`) starts a second "
-                "engine beside the service: another copy of the weights and the KV cache, and its own compile at start "
-                "(minutes on a small host); the capacity stage does not run it yet, so the service's figures stand "
-                "alone.")
-    if engine_name != "llama_cpp":
+    if engine_name not in ("llama_cpp", "vllm"):
         return (f"Engine's own batched figure: none compared. {engine_name} has no batched benchmark of its own that "
                 "runs the served stack (transformers ships none; a generate() batch is not the code path of "
                 "`transformers serve`), so the service's figures stand alone.")
@@ -283,10 +337,17 @@ def engine_sentence(engine, engine_name):
     comparison = engine["comparison"]
     beyond = [entry for entry in comparison if entry["verdict"] == "beyond"]
     measured = [entry for entry in comparison if entry["verdict"] != "not measured"]
-    program = next(i for i, arg in enumerate(engine["argv"]) if arg.endswith("llama-batched-bench"))
-    command = " ".join(["llama-batched-bench"] + engine["argv"][program + 1:])
-    text = (f"Engine's own batched figure: llama-batched-bench of the same build, GGUF, threads, CPUs and batch sizes "
-            f"(`{command}`, {engine['seconds']} s right after the sweep), B streams of "
+    tool = engine.get("tool", "llama-batched-bench")
+    if tool == "llama-batched-bench":
+        program = next(i for i, arg in enumerate(engine["argv"]) if arg.endswith("llama-batched-bench"))
+        command = " ".join(["llama-batched-bench"] + engine["argv"][program + 1:])
+        what = f"llama-batched-bench of the same build, GGUF, threads, CPUs and batch sizes (`{command}`"
+    else:
+        spec = json.loads(engine["argv"][-1])
+        what = (f"vLLM's offline engine ({tool}) in the same Python with the server's engine arguments "
+                f"(`{' '.join(spec['server_args'])}`), CPUs and environment, the median of {spec['repeats']} runs "
+                "of new prompts given at once")
+    text = (f"Engine's own batched figure: {what}, {engine['seconds']} s right after the sweep), B streams of "
             f"{engine['prompt_tokens']}-token prompts and {engine['output_tokens']} output tokens each, output tokens/s "
             f"with the prefill included. The service is within {engine['max_gap_percent']:g} % of it at "
             f"{len(measured) - len(beyond)} of {len(measured)} levels")

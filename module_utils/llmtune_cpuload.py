@@ -77,6 +77,19 @@ def tree_kib(pid, name, proc="/proc"):
     return own + sum(kib_field(f"{proc}/{child}/status", name) or 0 for child in process_tree(pid, proc)[1:])
 
 
+def memory_short(main_pid, margin_mb, proc="/proc", what="the twin"):
+    """Message when MemAvailable cannot hold the service's VmRSS (its process tree's: vLLM's model lives in a child
+    process) again plus MARGIN_MB, for WHAT (a second copy of the engine) beside it; else None.
+
+    No running service (MAIN_PID 0 or gone) needs no room beside it."""
+    rss = tree_kib(main_pid, "VmRSS", proc) if main_pid else None
+    available = kib_field(f"{proc}/meminfo", "MemAvailable")
+    if rss is None or available is None or available >= rss + margin_mb * 1024:
+        return None
+    return (f"not enough memory for {what} beside the service: VmRSS {rss // 1024} MiB + margin {margin_mb} MiB "
+            f"> MemAvailable {available // 1024} MiB")
+
+
 def process_cpu_s(pid):
     """CPU seconds of process PID and its descendants (process_tree); one that ended counts in its parent's cutime
     and cstime once reaped. None when PID is gone or unreadable."""

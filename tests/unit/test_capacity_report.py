@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ansible.module_utils import llmtune_capacity as cap  # noqa: E402
-from conftest import FIXTURES, ROOT  # noqa: E402
+from conftest import FIXTURES, ROOT, read  # noqa: E402
 from test_jinja_expressions import (condition, load, plugins, render, render_template_file, render_tree,  # noqa: E402,F401
                                     task, task_vars)
 
@@ -71,6 +71,30 @@ def test_a_host_that_meets_no_target_and_an_engine_without_a_tool_of_its_own(rec
     assert lines[-1] == "Engine's own batched figure: not measured (one engine per NUMA node)."
 
 
+def test_vllms_own_figure_is_read_and_named(recorded):
+    """vLLM's own run prints llama-batched-bench's fields; the report names what ran and with which arguments."""
+    rows = cap.parse_batched_bench("INFO 12-05 loading\n" + read(CAPACITY, "vllm-batched-qwen3-0.6b-2l-proxy.jsonl"))
+    assert [(row["pl"], row["pp"], row["tg"], cap.engine_output_rate(row)) for row in rows] == [
+        (1, 100, 15, round(16 / 3.1943, 3)), (2, 100, 15, round(32 / 2.8792, 3)), (4, 100, 15, round(64 / 3.7222, 3))]
+    argv, slots, _context = cap.vllm_batched_argv(
+        ["/opt/llmtune/venv/bin/python", "-m", cap.VLLM_SERVER_MODULE, "--model", "/m", "--port", "8000",
+         "--max-num-seqs", "4"], [1, 2, 4], 100, 16)
+    # The service at 80 % of the engine's own figure at each of the same streams, on a quiet host: the gap by design.
+    levels = [dict(level, noisy=False, errors=0, output_tokens_per_s=round(0.8 * cap.engine_output_rate(row), 3))
+              for level, row in zip(recorded["result"]["levels"], rows)]
+    engine = {"tool": "vLLM LLM.generate", "argv": [arg for arg in argv if arg != cap.VLLM_BATCHED], "seconds": 84.2,
+              "prompt_tokens": 100, "output_tokens": 16, "max_gap_percent": 10,
+              "comparison": cap.compare_with_engine(levels, rows, slots, 10, tool="vLLM LLM.generate")}
+    sentence = cap.report_markdown("node1", recorded["result"], engine, "vllm")[-1]
+    assert sentence.startswith("Engine's own batched figure: vLLM's offline engine (vLLM LLM.generate) in the same "
+                               "Python with the server's engine arguments (`--model /m --port 8000 --max-num-seqs 4`), "
+                               "CPUs and environment, the median of 3 runs of new prompts given at once, 84.2 s right "
+                               "after the sweep), B streams of 100-token prompts and 16 output tokens each")
+    assert [level["concurrency"] for level in levels] == [1, 2, 4]
+    assert "The service is within 10 % of it at 0 of 3 levels" in sentence
+    assert "(vLLM LLM.generate prefills all B prompts, then decodes the B streams in lockstep)" in sentence
+
+
 def test_the_controller_writes_the_table_and_the_chart(recorded, tmp_path):
     """The role's command: the real script with matplotlib, on the host report as validate.yml writes it."""
     report = tmp_path / "node1.json"
@@ -128,8 +152,12 @@ def test_the_host_report_names_its_capacity(recorded):
 CAPACITY_TASKS = "roles/benchmark/tasks/capacity.yml"
 
 
+ENGINE_RUN = "Run the engine's own batched benchmark as the service runs it, at the same streams"
+
+
 @pytest.mark.parametrize("engine, more_urls, engine_run, kept", [
     ("llama_cpp", [], {"rows": [], "comparison": [], "changed": False, "invocation": {}}, {"rows": [], "comparison": []}),
+    ("vllm", [], {"rows": [], "comparison": [], "changed": False, "invocation": {}}, {"rows": [], "comparison": []}),
     ("llama_cpp", ["http://127.0.0.1:8001"], {"skipped": True, "changed": False},
      {"skipped": True, "msg": "one engine per NUMA node: the service is the sum of several engines"}),
     ("transformers", [], {"skipped": True, "changed": False, "false_condition": "..."}, {}),
@@ -137,17 +165,20 @@ CAPACITY_TASKS = "roles/benchmark/tasks/capacity.yml"
 def test_the_role_keeps_the_sweep_and_the_engines_own_figure(engine, more_urls, engine_run, kept):
     tsk = task(CAPACITY_TASKS, "Keep the capacity and the engine's own figure for the reports")
     sweep = {"capacity": {"concurrency": 2}, "levels": [], "changed": False, "invocation": {"module_args": {}}}
+    role_vars = load("roles/benchmark/vars/main.yml")
     variables = task_vars(tsk, __benchmark_engine=engine, benchmark_more_urls=more_urls,
-                          __benchmark_capacity_run=sweep, __benchmark_engine_run=engine_run)
+                          __benchmark_capacity_run=sweep, __benchmark_engine_run=engine_run,
+                          __benchmark_batched_engines=role_vars["__benchmark_batched_engines"])
     got = render_tree(tsk["ansible.builtin.set_fact"]["__benchmark_capacity"], **variables)
     assert got == {"engine": engine, "result": {"capacity": {"concurrency": 2}, "levels": []}, "engine_batched": kept}
-    run = task(CAPACITY_TASKS, "Run llama-batched-bench of the same build, GGUF, threads and CPUs at the same streams")
-    assert condition(run["when"], __benchmark_engine=engine, benchmark_more_urls=more_urls) is (kept == {"rows": [],
-                                                                                                       "comparison": []})
+    run = task(CAPACITY_TASKS, ENGINE_RUN)
+    assert condition(run["when"], __benchmark_engine=engine, benchmark_more_urls=more_urls,
+                     __benchmark_batched_engines=role_vars["__benchmark_batched_engines"]) is (
+                         kept == {"rows": [], "comparison": []})
 
 
 def test_the_engine_benchmark_gets_the_sweeps_streams_and_prompt_length(recorded):
-    run = task(CAPACITY_TASKS, "Run llama-batched-bench of the same build, GGUF, threads and CPUs at the same streams")
+    run = task(CAPACITY_TASKS, ENGINE_RUN)
     variables = task_vars(run, __benchmark_capacity_run=recorded["result"], benchmark_capacity_prompt_tokens=128)
     args = run["engine_batched_bench"]
     assert render(args["concurrency"], **variables) == [1, 2, 4, 8]

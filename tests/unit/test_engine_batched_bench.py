@@ -78,13 +78,50 @@ def test_the_context_holds_the_largest_level():
 def test_what_cannot_be_compared_says_why(tmp_path):
     params = {"concurrency": [1, 2], "prompt_tokens": 128, "output_tokens": 32}
     transformers = parse_show(read(FIXTURES, "systemd", "show-tuned"))
-    assert ebb.plan(params, transformers) == ("the service runs transformers, not llama-server: no "
-                                              "llama-batched-bench of its own")
+    assert ebb.plan(params, transformers) == ("the service runs transformers, neither llama-server nor vLLM's OpenAI "
+                                              "server: no batched benchmark of its own")
     (tmp_path / "llama-server").write_text("")
     show = {"ExecStart": f"{{ path={tmp_path}/llama-server ; argv[]={tmp_path}/llama-server --model /m.gguf "
                          "--port 8000 ; ignore_errors=no }", "User": "root"}
     assert ebb.plan(params, show) == (f"no {tmp_path}/llama-batched-bench: the build was made before "
                                       "llama-batched-bench was kept")
+
+
+def vllm_show(main_pid=0):
+    return {"ExecStart": read(FIXTURES, "jinja", "execstart-vllm"), "User": "llm", "MainPID": str(main_pid),
+            "Environment": "VLLM_CPU_OMP_THREADS_BIND=0-1", "CPUAffinity": "0 1"}
+
+
+def test_vllms_own_run_is_the_units_python_with_the_servers_engine_arguments():
+    params = {"concurrency": [1, 2, 4], "prompt_tokens": 138, "output_tokens": 32, "memory_margin_mb": 512}
+    tool, argv, env, user, _group, cpus, slots, context = ebb.plan(params, vllm_show())
+    assert (tool, argv[:3], env, user, cpus, slots, context) == (
+        "vLLM LLM.generate", ["/opt/llmtune/venv/bin/python", "-c", cap.VLLM_BATCHED],
+        {"VLLM_CPU_OMP_THREADS_BIND": "0-1"}, "llm", [0, 1], 4, 1024)
+    # Every server argument goes to vLLM's own parser, which keeps the engine's; a stream of 32 output tokens is one
+    # prefill and 31 decode steps.
+    assert json.loads(argv[3]) == {
+        "server_args": ["--model", "/opt/llmtune/models/qwen3-0.6b-2l-proxy", "--served-model-name",
+                        "qwen3-0.6b-2l-proxy", "--host", "127.0.0.1", "--port", "8000", "--dtype", "bfloat16",
+                        "--max-num-seqs", "4", "--max-model-len", "1024", "--kv-cache-memory-bytes", "33554432",
+                        "--enable-prefix-caching", "--disable-uvicorn-access-log"],
+        "pp": 138, "tg": 31, "pl": [1, 2, 4], "repeats": 3, "seed": 0}
+    compile(cap.VLLM_BATCHED, "VLLM_BATCHED", "exec")
+
+
+def test_vllms_own_run_needs_room_for_a_second_engine(tmp_path):
+    """The service's process tree (three processes of VmRSS 8712 kB here) again and the margin must fit MemAvailable
+    (24191764 kB), else nothing starts and the report says why."""
+    for pid, children in ((4242, "4243"), (4243, "4244"), (4244, "")):
+        (tmp_path / str(pid) / "task" / str(pid)).mkdir(parents=True)
+        (tmp_path / str(pid) / "task" / str(pid) / "children").write_text(children)
+        (tmp_path / str(pid) / "status").write_text(read(FIXTURES, "jinja", "proc-status"))
+    (tmp_path / "meminfo").write_text(read(FIXTURES, "proc", "meminfo-debian12-24g"))
+    params = {"concurrency": [1, 2], "prompt_tokens": 128, "output_tokens": 32, "memory_margin_mb": 23599}
+    assert ebb.plan(params, vllm_show(4242), proc=str(tmp_path))[0] == "vLLM LLM.generate"
+    assert ebb.plan(dict(params, memory_margin_mb=23600), vllm_show(4242), proc=str(tmp_path)) == (
+        "not enough memory for vLLM's own batched run (a second engine) beside the service: VmRSS 25 MiB + margin "
+        "23600 MiB > MemAvailable 23624 MiB")
 
 
 def test_the_service_compared_with_the_engine_level_by_level():

@@ -49,7 +49,7 @@ def draw(host, sweeps, target):
         own = {entry["concurrency"]: entry["engine_tokens_per_s"] for entry in (engine or {}).get("comparison", [])}
         if any(value is not None for value in own.values()):
             axes[2].plot(streams, [own.get(count) for count in streams], "^:", color=color,
-                         label=f"{prefix}llama-batched-bench, same engine")
+                         label=f"{prefix}{engine.get('tool', 'llama-batched-bench')}, same engine")
     for axis, label, limit in ((axes[0], "TTFT p95, ms", targets["ttft_p95_ms"]),
                                (axes[1], "ITL p95, ms", targets["itl_p95_ms"])):
         axis.axhline(limit, color="tab:red", linestyle="--", label=f"target {limit:g} ms")
