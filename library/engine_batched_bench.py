@@ -1,6 +1,7 @@
 #!/usr/bin/python
 # -*- coding: utf-8 -*-
-"""Ansible module engine_batched_bench: the served engine's own batched benchmark (llama.cpp, vLLM), beside the service."""
+"""Ansible module engine_batched_bench: the served engine's own batched benchmark (llama.cpp, vLLM), beside the
+service."""
 
 from __future__ import annotations
 
@@ -284,13 +285,14 @@ def run_bench(params, show, systemd_run=None):
                 for row in parse_batched_bench(done.stdout)]
     except ValueError as error:
         raise UnitError(f"{error}: {done.stdout.strip()[-300:]}") from error
-    return {"tool": tool, "argv": [arg for arg in argv if arg != VLLM_BATCHED], "user": user, "cpus": sorted(cpus or os.sched_getaffinity(0)), "slots": slots,
-            "server_context": context, "prompt_tokens": params["prompt_tokens"],
-            "output_tokens": params["output_tokens"], "max_gap_percent": params["max_gap_percent"],
-            "started": started, "seconds": seconds, "rows": rows, "cpu": cpu,
-            "noisy": is_noisy(cpu, params["busy_limit"]),
-            "comparison": compare_with_engine(params["service_levels"], rows, slots, params["max_gap_percent"],
-                                              is_noisy(cpu, params["busy_limit"]), tool)}
+    noisy = is_noisy(cpu, params["busy_limit"])
+    return {"tool": tool, "argv": [arg for arg in argv if arg != VLLM_BATCHED], "user": user,
+            "cpus": sorted(cpus or os.sched_getaffinity(0)), "slots": slots, "server_context": context,
+            "prompt_tokens": params["prompt_tokens"], "output_tokens": params["output_tokens"],
+            "max_gap_percent": params["max_gap_percent"], "started": started, "seconds": seconds, "rows": rows,
+            "cpu": cpu, "noisy": noisy,
+            "comparison": compare_with_engine(params["service_levels"], rows, slots, params["max_gap_percent"], noisy,
+                                              tool)}
 
 
 def child_cpu_s():
