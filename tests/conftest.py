@@ -86,6 +86,17 @@ def read(*parts):
         return handle.read()
 
 
+def engine_proc_tree(proc):
+    """A procfs at PROC (a pathlib.Path) of a 24 GiB Debian 12 host whose engine is three processes, as vLLM's: 4242
+    (the unit's main process), its child 4243 (engine core) and grandchild 4244 (worker), each with the same captured
+    status (VmRSS 8712 kB)."""
+    for pid, children in ((4242, "4243"), (4243, "4244 "), (4244, "")):
+        (proc / str(pid) / "task" / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "task" / str(pid) / "children").write_text(children)
+        (proc / str(pid) / "status").write_text(read(FIXTURES, "jinja", "proc-status"))
+    (proc / "meminfo").write_text(read(FIXTURES, "proc", "meminfo-debian12-24g"))
+
+
 # --- proxy model + real inference service (tests/unit/test_proxy_model.py, test_inference_benchmark.py) ---
 import contextlib  # noqa: E402
 import socket  # noqa: E402

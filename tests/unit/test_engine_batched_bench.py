@@ -15,7 +15,7 @@ import engine_batched_bench as ebb  # noqa: E402  (library/ is on sys.path via c
 import inference_benchmark as bench  # noqa: E402
 from ansible.module_utils import llmtune_capacity as cap  # noqa: E402
 from ansible.module_utils.llmtune_systemd import parse_show, unit_command  # noqa: E402
-from conftest import FIXTURES, free_port, read, wait_healthy  # noqa: E402
+from conftest import FIXTURES, engine_proc_tree, free_port, read, wait_healthy  # noqa: E402
 
 CAPACITY = os.path.join(FIXTURES, "capacity")
 BUILD = "/opt/llmtune/llama.cpp-0.3.36-x86_64-2e669cd01475"
@@ -112,11 +112,7 @@ def test_vllms_own_run_is_the_units_python_with_the_servers_engine_arguments():
 def test_vllms_own_run_needs_room_for_a_second_engine(tmp_path):
     """The service's process tree (three processes of VmRSS 8712 kB here) again and the margin must fit MemAvailable
     (24191764 kB), else nothing starts and the report says why."""
-    for pid, children in ((4242, "4243"), (4243, "4244"), (4244, "")):
-        (tmp_path / str(pid) / "task" / str(pid)).mkdir(parents=True)
-        (tmp_path / str(pid) / "task" / str(pid) / "children").write_text(children)
-        (tmp_path / str(pid) / "status").write_text(read(FIXTURES, "jinja", "proc-status"))
-    (tmp_path / "meminfo").write_text(read(FIXTURES, "proc", "meminfo-debian12-24g"))
+    engine_proc_tree(tmp_path)
     params = {"concurrency": [1, 2], "prompt_tokens": 128, "output_tokens": 32, "memory_margin_mb": 23599}
     assert ebb.plan(params, vllm_show(4242), proc=str(tmp_path))[0] == "vLLM LLM.generate"
     assert ebb.plan(dict(params, memory_margin_mb=23600), vllm_show(4242), proc=str(tmp_path)) == (

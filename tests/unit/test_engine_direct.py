@@ -6,7 +6,7 @@ import urllib.request
 import pytest
 
 import engine_direct as ed  # noqa: E402  (library/ is on sys.path via conftest)
-from conftest import FIXTURES, PROXY_ENV, VENV_BIN, free_port  # noqa: E402
+from conftest import FIXTURES, PROXY_ENV, VENV_BIN, engine_proc_tree, free_port  # noqa: E402
 
 
 def show(name):
@@ -185,13 +185,7 @@ def test_the_twin_needs_room_for_a_second_copy_beside_the_service(tmp_path, marg
 def test_the_twin_needs_room_for_the_services_child_processes_too(tmp_path):
     """vLLM's model lives in a worker, a child of the engine core, a child of the unit's main process: the room a
     twin needs is the whole tree's (the same capture for each process, VmRSS 8712 kB)."""
-    for pid, children in ((4242, "4243"), (4243, "4244 "), (4244, "")):
-        (tmp_path / str(pid) / "task" / str(pid)).mkdir(parents=True)
-        (tmp_path / str(pid) / "task" / str(pid) / "children").write_text(children)
-        with open(os.path.join(FIXTURES, "jinja/proc-status"), encoding="ascii") as handle:
-            (tmp_path / str(pid) / "status").write_text(handle.read())
-    with open(os.path.join(FIXTURES, "proc/meminfo-debian12-24g"), encoding="ascii") as handle:
-        (tmp_path / "meminfo").write_text(handle.read())
+    engine_proc_tree(tmp_path)
     # MemAvailable 24191764 kB: room for 3 x 8712 kB and a margin of up to 23599 MiB.
     assert ed.memory_short(4242, 23599, proc=str(tmp_path)) is None
     assert ed.memory_short(4242, 23600, proc=str(tmp_path)) == (
