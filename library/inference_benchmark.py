@@ -105,6 +105,9 @@ options:
         rejects unknown fields (HTTP 422), so the C(ignore_eos) field of vLLM and SGLang is not sent.
       - With O(server=llama_cpp) or O(server=vllm) sends C(ignore_eos) instead (a request field of llama.cpp's
         C(llama-server), C(tools/server/README.md), and of vLLM's sampling parameters).
+      - A request whose stream reports another count of output tokens (C(usage.completion_tokens)) fails and is
+        counted in RV(levels[].errors) with the count and C(finish_reason) the engine gave: every figure rests on
+        one output length.
     type: bool
     default: false
   server:
@@ -905,11 +908,8 @@ def _delta_text(event):
     return text
 
 
-def stream_request(url, model, prompt, params):
-    """Send one streaming chat completion and time it. Returns a sample dict; BenchmarkError on failure.
-
-    Times are time.perf_counter() differences in ms from just before the connection is opened.
-    """
+def request_body(model, prompt, params):
+    """The JSON body of one streaming chat completion of PROMPT (O(ignore_eos) in the server's own field)."""
     body = {"model": model, "messages": [{"role": "user", "content": prompt}],
             "max_tokens": params["max_tokens"], "stream": True}
     if params["include_usage"]:
@@ -919,9 +919,18 @@ def stream_request(url, model, prompt, params):
     elif params["ignore_eos"]:
         body["generation_config"] = json.dumps({"min_new_tokens": params["max_tokens"],
                                                 "max_new_tokens": params["max_tokens"]})
+    return body
+
+
+def stream_request(url, model, prompt, params):
+    """Send one streaming chat completion and time it. Returns a sample dict; BenchmarkError on failure.
+
+    Times are time.perf_counter() differences in ms from just before the connection is opened.
+    """
+    body = request_body(model, prompt, params)
     start = time.perf_counter()
     conn, prefix = _connect(url, params["timeout"])
-    deltas, usage, timings = [], None, None
+    deltas, usage, timings, finish = [], None, None, None
     try:
         conn.request("POST", prefix + "/v1/chat/completions", body=json.dumps(body).encode(),
                      headers=_headers(params["api_key"]))
@@ -940,6 +949,7 @@ def stream_request(url, model, prompt, params):
                 raise BenchmarkError(f"server error in stream: {event['error']}")
             if _delta_text(event):
                 deltas.append(time.perf_counter())
+            finish = next((c["finish_reason"] for c in event.get("choices") or [] if c.get("finish_reason")), finish)
             usage = event.get("usage") or usage
             timings = event.get("timings") or timings
         end = time.perf_counter()
@@ -950,6 +960,10 @@ def stream_request(url, model, prompt, params):
     if not deltas:
         raise BenchmarkError("stream ended without any content delta")
     tokens = usage.get("completion_tokens") if usage else None
+    if params["ignore_eos"] and tokens and tokens != params["max_tokens"]:
+        # Every figure of a run rests on one output length: a stream that ended early is a failed request.
+        raise BenchmarkError(f"the engine returned {tokens} of the {params['max_tokens']} output tokens asked for "
+                             f"(finish_reason {finish or 'none'}) although ignore_eos was sent")
     sample = {
         "ttft_ms": (deltas[0] - start) * 1000.0,
         "e2e_ms": (end - start) * 1000.0,

@@ -22,6 +22,7 @@ import statistics
 import pytest
 from guidellm.backends.openai.http import OpenAIHTTPBackend
 from guidellm.schemas import GenerationRequest, RequestInfo
+from guidellm.schemas.base.request import GenerationRequestArguments
 from guidellm.schemas.backends import OpenAIHTTPBackendArgs
 
 import inference_benchmark as bench  # noqa: E402  (library/ is on sys.path via conftest)
@@ -59,11 +60,17 @@ async def guidellm_request(backend, prompt):
 def test_ttft_and_tpot_agree_with_guidellm(proxy_server, proxy_model_dir):
     model = str(proxy_model_dir)
     params = {name: spec.get("default") for name, spec in bench.ARGUMENT_SPEC.items()}
-    params.update(url=proxy_server, model=model, prompt_tokens=PROMPT_TOKENS, max_tokens=OUTPUT_TOKENS)
+    # Both ask for exactly OUTPUT_TOKENS: without it the random-weight proxy samples an end-of-sequence token now and
+    # then (CI once saw 24 of 32 tokens), and the two tools compare different lengths. guidellm sends ignore_eos only
+    # for a request that carries its own output length, so it gets the generation_config our module sends.
+    params.update(url=proxy_server, model=model, prompt_tokens=PROMPT_TOKENS, max_tokens=OUTPUT_TOKENS, ignore_eos=True)
+    fixed = GenerationRequestArguments(
+        body={"generation_config": bench.request_body(model, "", params)["generation_config"]})
     ours, theirs = [], []
 
     async def turns():
-        backend = OpenAIHTTPBackend(OpenAIHTTPBackendArgs(target=proxy_server, model=model, max_tokens=OUTPUT_TOKENS))
+        backend = OpenAIHTTPBackend(OpenAIHTTPBackendArgs(target=proxy_server, model=model, max_tokens=OUTPUT_TOKENS,
+                                                          extras=fixed))
         await backend.process_startup()
         try:
             # Turn 0 warms both clients and the engine up; prompts 1, 2, ... alternate between the tools.

@@ -1,6 +1,7 @@
 """library/inference_benchmark.py against the real `transformers serve` running a proxy model (no mocks)."""
 
 import fcntl
+import http.server
 import json
 import os
 import re
@@ -182,6 +183,41 @@ def test_unreachable_url_counts_errors_and_fails(tmp_path):
                        "ConnectionRefusedError: [Errno 111] Connection refused")
     result, failure, _ = bench.run(params(url=url, model=None))
     assert failure.startswith(f"cannot list models at {url}/v1/models ([Errno 111] Connection refused)")
+
+
+@pytest.fixture
+def replayed_stream():
+    """An HTTP server that answers every chat completion with a recorded stream of a real engine."""
+    body = open(os.path.join(ROOT, "tests", "fixtures", "benchmark", "transformers-serve-24-of-32.sse"), "rb").read()
+
+    class Replay(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802  (http.server's name)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Replay)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_a_stream_that_ends_early_fails_when_the_length_was_asked(replayed_stream):
+    """The input CI met: transformers serve ended an answer at its end-of-sequence token after 24 of 32 tokens. Asked
+    for exactly 32 (ignore_eos), the request fails naming what the engine returned; not asked, its 24 tokens count."""
+    result, failure, _ = bench.run(params(url=replayed_stream, model="m", max_tokens=32, ignore_eos=True, requests=2))
+    assert result["levels"][0]["errors"] == 2
+    assert failure == (f"all 2 requests at concurrency 1 to {replayed_stream} failed: the engine returned 24 of the 32 "
+                       "output tokens asked for (finish_reason stop) although ignore_eos was sent")
+    result, failure, _ = bench.run(params(url=replayed_stream, model="m", max_tokens=32, ignore_eos=False, requests=2))
+    assert failure is None
+    assert [sample["output_tokens"] for sample in result["levels"][0]["samples"]] == [24, 24]
 
 
 def test_check_mode_sends_nothing(tmp_path):
