@@ -51,6 +51,8 @@ fi
 disk_pid=$!
 trap 'kill "$disk_pid" 2>/dev/null || true' EXIT
 start=$SECONDS
+# 45 minutes from a clean clone on 2 vCPUs (docs/testing.md).
+bound_s=${LLMTUNE_TEST_BOUND_S:-2700}
 phase= phase_wall= phase_busy= phase_epoch=
 end_phase() {
   local peak
@@ -65,15 +67,27 @@ step() {
   printf '== %s (%s s since start)\n' "$1" $((SECONDS - start))
   phase=$1 phase_wall=$SECONDS phase_busy=$(busy_s) phase_epoch=$(date +%s)
 }
+# The CPU beside the figures: the same suite takes longer on some kinds (the CI machine changes between runs).
+cpu_model() {
+  awk -F': ' '/^model name/ {m = $2} /^cpu family/ {f = $2} /^model\t/ {n = $2}
+    END {printf "%s (family %s, model %s)", m, f, n}' /proc/cpuinfo
+}
 print_phases() {
   end_phase
   kill "$disk_pid" 2>/dev/null || true
-  printf '\n== phase table (wall s, busy CPU s of the whole machine; %s CPUs; peak disk MiB above the start)\n' "$(nproc)"
+  printf '\n== phase table (wall s, busy CPU s of the whole machine; %s CPUs, %s; peak disk MiB above the start)\n' \
+    "$(nproc)" "$(cpu_model)"
   awk -F'\t' '{printf "%-62s %6d %8d %8d\n", $1, $2, $3, $4; w += $2; if ($4 > d) d = $4}
     END {printf "%-62s %6d %17d\n", "total", w, d}' "$phases"
   # The VM beside the rest: when it ended, and its emulator's CPU time (tests/vm/run.sh).
   [ -z "$vm_wall" ] || printf '%-62s %6d %8s\n' "(the VM in the background, from its start)" "$vm_wall" \
     "$(sed -n 's/^ *QEMU CPU time *\([0-9]*\)s$/\1/p' "$vm_log")"
+  # The bound: past it, the slowest phases by name (CI stops a run at twice the bound and lands nothing).
+  if [ $((SECONDS - start)) -gt "$bound_s" ]; then
+    printf '== WARNING: the suite took %s s, over its bound of %s s; the slowest phases: %s\n' $((SECONDS - start)) \
+      "$bound_s" "$(sort -t$'\t' -k2,2nr "$phases" | head -3 |
+        awk -F'\t' '{printf "%s%s (%d s)", (NR > 1 ? "; " : ""), $1, $2}')"
+  fi
 }
 step "controller set-up (one-off: apt packages, venv)"
 "$LLMTUNE_ROOT/scripts/setup-controller.sh" --no-image
