@@ -58,8 +58,8 @@ def assert_agrees_with_lscpu(result, fields):
 
 def test_every_machine_has_a_tree():
     assert ALL_TREES == ["arm-graviton3", "container-cgroup2", "epyc-1socket", "epyc-isolcpus", "epyc-slice-cpuset",
-                         "epyc-user-quota", "intel-hybrid", "kvm-ci-vm", "kvm-socket-per-vcpu", "power9-lpar-memless",
-                         "qemu-2node", "xeon-2socket"]
+                         "epyc-user-quota", "epyc-zen3-kvm-2vcpu", "intel-hybrid", "kvm-ci-vm", "kvm-socket-per-vcpu",
+                         "power9-lpar-memless", "qemu-2node", "xeon-2socket"]
 
 
 @pytest.mark.parametrize("tree", ALL_TREES)
@@ -444,6 +444,16 @@ def test_ci_vm_without_cpufreq_and_cpuidle_driver_none():
                                 "mems": None, "cpu_quota": None, "memory_limit_mb": None}
     assert result["recommended"]["cpus"] == [0, 1]
     assert result["recommended"]["threads"] == 2
+
+
+def test_zen3_vm_with_avx2_alone():
+    """The 2-vCPU AMD EPYC of 2026-12-06 (family 25 model 1, Zen 3), captured: AVX2 without AVX-512 or bf16."""
+    result = facts("epyc-zen3-kvm-2vcpu")
+    assert (result["model_name"], result["physical_cores"], result["threads_per_core"]) == ("AMD EPYC", 2, 1)
+    assert result["isa"] == {flag: flag == "avx2" for flag in cpu_topology.X86_ISA}
+    assert (result["caches"]["l2_kib"], result["caches"]["l3_kib"]) == (512, 32768)
+    assert (result["cpufreq"]["present"], result["cpuidle"]["driver"]) == (False, "none")
+    assert (result["recommended"]["cpus"], result["recommended"]["threads"]) == ([0, 1], 2)
 
 
 def test_missing_optional_interfaces_give_absent_values(tmp_path):
