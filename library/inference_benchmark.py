@@ -106,8 +106,8 @@ options:
       - With O(server=llama_cpp) or O(server=vllm) sends C(ignore_eos) instead (a request field of llama.cpp's
         C(llama-server), C(tools/server/README.md), and of vLLM's sampling parameters).
       - A request whose stream reports another count of output tokens (C(usage.completion_tokens)) fails and is
-        counted in RV(levels[].errors) with the count and C(finish_reason) the engine gave: every figure rests on
-        one output length.
+        counted in RV(levels[].errors) with the count and C(finish_reason) the engine gave, since every figure rests
+        on one output length.
     type: bool
     default: false
   server:
