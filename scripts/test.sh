@@ -17,10 +17,10 @@ case "${1:-}" in
   *) echo "usage: $0 [--quick]" >&2; exit 2 ;;
 esac
 . "$(dirname "$0")/env.sh"
-# The llama.cpp build keeps the CPU variants this machine loads (`host`: the best by ggml's score, the best without
-# AMX, and haswell, which the VM's emulated CPU and AMD Zen 3 load): 2 or 3 of 14. Operators build all by default.
-# In the clean-clone run of 6bf57af, haswell + zen4 + sapphirerapids took 3813 job-s of which the variants 667.
-export LLMTUNE_LLAMA_CPP_CPU_VARIANTS=${LLMTUNE_LLAMA_CPP_CPU_VARIANTS-host}
+# The llama.cpp build keeps the CPU variants the tests load: this machine's (`host`: the best by ggml's score and, on
+# AMX, the best without it) and haswell, which the VM's emulated CPU loads; 1 to 3 of 14, about 100 CPU-s each.
+# Operators build all by default.
+export LLMTUNE_LLAMA_CPP_CPU_VARIANTS=${LLMTUNE_LLAMA_CPP_CPU_VARIANTS-host haswell}
 mkdir -p "$LLMTUNE_CACHE"
 # Phase table: wall time and the machine's busy CPU time (/proc/stat, all processes: containers and VMs too) of
 # each phase, printed at the end of every run, passed or failed.

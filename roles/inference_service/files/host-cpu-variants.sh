@@ -1,9 +1,9 @@
 #!/bin/sh
 # host-cpu-variants.sh SOURCE [CPUINFO]: the x86 CPU variants of llama.cpp SOURCE's ggml that this CPU would load
-# (CPUINFO, default /proc/cpuinfo), one per line: the best one by ggml's own score, then the fallbacks that
-# check-cpu-variant.sh moves to when a variant dies with SIGILL: the best without AMX (whose kernel died on a Xeon
-# VM that advertised it) and haswell (AVX2). Features per variant come from SOURCE's
-# ggml/src/CMakeLists.txt; each feature's weight and the flags it needs (proc(5) cpuinfo names) follow
+# (CPUINFO, default /proc/cpuinfo), one per line: the best one by ggml's own score, then the fallback that
+# library/llama_cpp_probe.py moves to when a variant dies with SIGILL, the best without AMX (whose int8 kernel died on
+# a Xeon VM that advertised it). Each variant costs about 100 CPU-s of the compile. Features per variant come from
+# SOURCE's ggml/src/CMakeLists.txt; each feature's weight and the flags it needs (proc(5) cpuinfo names) follow
 # ggml_backend_cpu_x86_score in ggml/src/ggml-cpu/arch/x86/cpu-feats.cpp. Nothing printed: no x86 variant runs here.
 set -eu
 src=$1
@@ -31,10 +31,8 @@ sed -n 's/^ *ggml_add_cpu_backend_variant(\([^)]*\)).*/\1/p' "$src/ggml/src/CMak
       if ($1 != "x64" && NF == 1) next
       if (score > best) { best = score; name = $1 }
       if (index($0, " AMX_") == 0 && score > best_no_amx) { best_no_amx = score; no_amx = $1 }
-      if ($1 == "haswell") fallback = 1
     }
     END {
       if (name != "") print name
       if (no_amx != name) print no_amx
-      if (fallback && name != "haswell" && no_amx != "haswell") print "haswell"
     }'
