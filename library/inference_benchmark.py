@@ -609,6 +609,13 @@ gain:
   returned: success
   type: dict
   sample: {decode_tokens_per_s: 1.18, ttft_ms_p50: 1.25}
+worse:
+  description: The figures of TTFT p50 and p95, TPOT p50, end-to-end p50 and decode tokens/s that are worse than
+    O(baseline), by any amount, the worst first; C(percent) is how much longer (latencies) or slower (decode).
+  returned: with O(baseline)
+  type: list
+  elements: dict
+  sample: [{figure: ttft_ms_p95, name: TTFT p95, baseline: 269.3, new: 344.9, percent: 28.1}]
 roofline:
   description: Measured decode speed (RV(summary.decode_tokens_per_s)) against O(decode_upper_bound).
   returned: when O(decode_upper_bound) is set
@@ -1176,6 +1183,25 @@ def gains(summary, baseline):
     return out
 
 
+# The figures a validation reports as worse than the baseline, with their names.
+REPORTED_FIGURES = {"ttft_ms_p50": "TTFT p50", "ttft_ms_p95": "TTFT p95", "tpot_ms_p50": "TPOT p50",
+                    "e2e_ms_p50": "end-to-end p50", "decode_tokens_per_s": "decode tokens/s"}
+
+
+def worse_than(gain, summary, baseline):
+    """[{figure, name, baseline, new, percent}] of the REPORTED_FIGURES whose GAIN is below 1, the worst first; percent
+    is how much worse (latencies: longer, rates: slower)."""
+    base = baseline.get("summary", baseline)
+    out = []
+    for figure, name in REPORTED_FIGURES.items():
+        if gain.get(figure, 1) < 1:
+            old, new = base[figure], summary[figure]
+            ratio = new / old if figure.endswith("_ms") or "_ms_" in figure else old / new
+            out.append({"figure": figure, "name": name, "baseline": old, "new": new,
+                        "percent": round(100 * (ratio - 1), 1)})
+    return sorted(out, key=lambda item: -item["percent"])
+
+
 def check_options(params):
     """One-line error for bad options, before any request; None when they are fine."""
     if params["prompts"] is not None and params["prompt_tokens"] is not None:
@@ -1376,6 +1402,8 @@ def measure(params, url, model, result, warnings, lock_waited):
         result["twin"] = {"url": twin_url, "urls": twin_urls, "levels": twin_levels, "summary": summarize(first),
                           "gap_percent": first["gap_percent"]}
     result["gain"] = gains(result["summary"], params["baseline"]) if params["baseline"] else {}
+    if params["baseline"]:
+        result["worse"] = worse_than(result["gain"], result["summary"], params["baseline"])
     if params["decode_upper_bound"]:
         result["roofline"] = roofline(result["summary"]["decode_tokens_per_s"], params["decode_upper_bound"])
     failure = None

@@ -139,6 +139,13 @@ def test_fail_below_names_the_figure(inference_server, model_id):
     assert ratio == round(new / 1000000.0, 4) and ratio < 0.9
     assert failure == (f"below baseline: decode_tokens_per_s {new} vs baseline 1000000.0: ratio {ratio} < 0.9")
     assert result["levels"][0]["errors"] == 0
+    # Every figure worse than the baseline is named with how much, fail_below or not.
+    worse = {item["figure"]: item for item in result["worse"]}
+    assert set(worse) == {"decode_tokens_per_s", "ttft_ms_p50"}
+    assert worse["decode_tokens_per_s"]["percent"] == round(100 * (1000000.0 / new - 1), 1)
+    assert worse["ttft_ms_p50"] == {"figure": "ttft_ms_p50", "name": "TTFT p50", "baseline": 0.001,
+                                    "new": result["summary"]["ttft_ms_p50"],
+                                    "percent": round(100 * (result["summary"]["ttft_ms_p50"] / 0.001 - 1), 1)}
 
 
 @pytest.mark.parametrize("options, message", [
