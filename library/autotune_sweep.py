@@ -60,10 +60,11 @@ options:
   config:
     description:
       - With O(action=start), the operator's choices (keys C(engines), C(dtypes), C(gguf_types),
-        C(allow_quantized), C(memory_budget_mb), C(threads), C(allocators), C(layouts), C(parallel),
-        C(min_gain_percent), C(prompt_tokens), C(output_tokens), C(concurrency), C(requests), C(max_ttft_p95_ms),
-        C(max_tpot_p95_ms), C(budget_s), C(api_key_set), C(twin), C(twin_max_gap_percent),
-        C(twin_max_rounds), C(settle_timeout), C(busy_limit)); see the autotune role's variables.
+        C(allow_quantized), C(quality_bounds), C(validation_floor), C(memory_budget_mb), C(threads), C(allocators),
+        C(layouts), C(parallel), C(min_gain_percent), C(prompt_tokens), C(output_tokens), C(concurrency),
+        C(requests), C(max_ttft_p95_ms), C(max_tpot_p95_ms), C(budget_s), C(api_key_set), C(twin),
+        C(twin_max_gap_percent), C(twin_max_rounds), C(settle_timeout), C(busy_limit), C(capacity)); see the autotune
+        role's variables.
     type: dict
   topology:
     description: With O(action=start), the host's C(cpu_topology) facts.

@@ -21,18 +21,21 @@ from __future__ import annotations
 import json
 import math
 
+from ansible.module_utils import llmtune_kernels as kernels
+from ansible.module_utils import llmtune_quality as quality
 from ansible.module_utils.llmtune_capacity import report_markdown as capacity_markdown
 
 # Stored results carry this; a sweep of another version is measured again (inputs.method).
-RESULT_VERSION = 3
+RESULT_VERSION = 4
 SETTING_KEYS = ("engine", "format", "threads", "cpus", "tuned", "allocator", "parallel", "continuous_batching",
                 "layout")
-QUANTIZED = ("q8_0", "q6_k", "q5_k_m", "q4_k_m", "q4_0")
+# GGUF types of fewer than 8 bits a weight: candidates only with allow_quantized. q8_0 is one by default: the quality
+# gate (module_utils/llmtune_quality.py) keeps any quantized type whose figures break the bounds from being chosen.
+LOW_BIT = ("q6_k", "q5_k_m", "q4_k_m", "q4_0")
 # Engines that serve a fixed number of sequences at once, each with its KV cache (llama.cpp's slots, vLLM's
 # max_num_seqs); transformers serve batches only with continuous batching and has no such limit.
 SLOT_ENGINES = ("llama_cpp", "vllm")
 ENGINE_NAMES = {"transformers": "transformers serve", "llama_cpp": "llama.cpp", "vllm": "vLLM"}
-BF16 = ("bfloat16", "bf16")
 FP32 = ("float32", "f32")
 # Phases in the order the sweep measures them. Every allowed engine's most promising stack comes first, then the
 # reference (engine defaults), then the other stacks, then variations of the best one; float32 stacks come last
@@ -119,9 +122,10 @@ def served_setting(result):
 # --- what a sweep depends on ---------------------------------------------------------------------------------------
 
 # The operator's choices a sweep reads (the autotune_* variables and the benchmark's twin and settle settings).
-CONFIG_KEYS = ("engines", "dtypes", "gguf_types", "allow_quantized", "memory_budget_mb", "threads", "allocators",
-               "layouts", "parallel", "min_gain_percent", "prompt_tokens", "output_tokens", "concurrency", "requests",
-               "max_ttft_p95_ms", "max_tpot_p95_ms", "budget_s", "api_key_set", "twin",
+CONFIG_KEYS = ("engines", "dtypes", "gguf_types", "allow_quantized", "quality_bounds", "validation_floor",
+               "memory_budget_mb", "threads",
+               "allocators", "layouts", "parallel", "min_gain_percent", "prompt_tokens", "output_tokens", "concurrency",
+               "requests", "max_ttft_p95_ms", "max_tpot_p95_ms", "budget_s", "api_key_set", "twin",
                "twin_max_gap_percent", "twin_max_rounds", "settle_timeout", "busy_limit", "capacity")
 # Seconds to wait for a host that stayed busy through a whole wait before the row before (at most settle_timeout).
 BUSY_SETTLE_TIMEOUT = 10
@@ -135,7 +139,7 @@ def sweep_config(options, topology):
     isa = topology.get("isa") or {}
     rec = topology["recommended"]
     config = {key: options[key] for key in CONFIG_KEYS}
-    config.update(native_bf16=bool(isa.get("avx512_bf16") or isa.get("amx_bf16") or isa.get("bf16")),
+    config.update(native_bf16=bool(isa.get("avx512_bf16") or isa.get("amx_bf16") or isa.get("bf16")), isa=isa,
                   recommended={"threads": int(rec["threads"]), "cpus": list(rec["cpus"])},
                   usable_cpus=list(topology["usable_cpus"]), nodes=len(rec.get("per_node") or []),
                   busy_settle_timeout=min(BUSY_SETTLE_TIMEOUT, options["settle_timeout"]))
@@ -154,8 +158,8 @@ def inputs_of(config, topology, service_inputs):
         "model": service_inputs["model"],
         "engines": service_inputs["engines"],
         "allowed": {key: config[key] for key in ("engines", "dtypes", "gguf_types", "allow_quantized",
-                                                 "memory_budget_mb", "threads", "allocators", "layouts", "parallel",
-                                                 "min_gain_percent")},
+                                                 "quality_bounds", "validation_floor", "memory_budget_mb", "threads",
+                                                 "allocators", "layouts", "parallel", "min_gain_percent")},
         "workload": {key: config[key] for key in ("prompt_tokens", "output_tokens", "concurrency", "requests",
                                                   "max_ttft_p95_ms", "max_tpot_p95_ms", "capacity")},
         # The rows' verdicts against their direct-run twins depend on these.
@@ -167,21 +171,23 @@ def inputs_of(config, topology, service_inputs):
 # --- candidates ---------------------------------------------------------------------------------------------------
 
 def candidate_stacks(config):
-    """(stacks, later): [engine, format] pairs the operator allows, in the order they are measured. Where the CPU
-    computes bf16 natively, bf16 stacks first and float32 ones in LATER (measured after every other stage); else all in
-    the operator's order. Quantized GGUF types only when allowed."""
+    """(stacks, later): [engine, format] pairs the operator allows, in the order they are measured: each engine's
+    formats in the order of the CPU's rule table (module_utils/llmtune_kernels.py), the formats it favours first. Where
+    the CPU computes bf16 natively, float32 stacks go to LATER (measured after every other stage: twice the bytes per
+    token for the same arithmetic). GGUF types of fewer than 8 bits only when allowed."""
     stacks = []
     for engine in config["engines"]:
         if engine in ("transformers", "vllm"):
-            stacks += [[engine, dtype] for dtype in config["dtypes"]]
+            formats = config["dtypes"]
         elif engine == "llama_cpp":
-            stacks += [[engine, gguf] for gguf in config["gguf_types"]
-                       if config["allow_quantized"] or gguf not in QUANTIZED]
+            formats = [gguf for gguf in config["gguf_types"] if config["allow_quantized"] or gguf not in LOW_BIT]
+        else:
+            continue
+        stacks += [[engine, fmt] for fmt in kernels.order(engine, formats, config.get("isa"))]
     lean = [stack for stack in stacks if stack[1] not in FP32]
     if not (config["native_bf16"] and lean):
         return stacks, []
-    return ([stack for stack in lean if stack[1] in BF16] + [stack for stack in lean if stack[1] not in BF16],
-            [stack for stack in stacks if stack[1] in FP32])
+    return lean, [stack for stack in stacks if stack[1] in FP32]
 
 
 def thread_candidates(config, measured):
@@ -477,7 +483,11 @@ def measured_row(row, measurement, config):
                prompt_tokens_cached_mean=level.get("prompt_tokens_cached_mean"),
                loadavg_before=result["host_load"]["loadavg_before"][0],
                other_cpus_before=result["host_load"].get("other_cpus_before"),
-               settle_wait_s=result["host_load"].get("settle_wait_s"))
+               settle_wait_s=result["host_load"].get("settle_wait_s"),
+               # The GGUF's quality gate figures (quantized types) and the kernels the engine ran.
+               quality=running.get("quality") or None,
+               kernel=running.get("kernel") or None,
+               expected_kernel=kernels.kernel(row["engine"], row["format"], config.get("isa")))
     if "twin" in result:
         twin, gap = result["twin"], result["twin"]["gap_percent"]
         row["twin"] = {"decode_tokens_per_s": twin["summary"]["decode_tokens_per_s"],
@@ -579,11 +589,38 @@ def _fit_first_rows_to_free_cpus(state, setting, row):
                           f"{setting['engine']} {setting['format']} on run at {fits} thread(s) on CPUs {cpus}")
 
 
+def quality_refusal(row, config):
+    """Why the quality gate refuses ROW (a quantized GGUF whose figures break the bounds, or that has none), or ''."""
+    fmt = row.get("gguf_type") or row.get("format")
+    if row.get("engine") != "llama_cpp" or fmt in quality.UNQUANTIZED or not row.get("tuned"):
+        return ""
+    if not row.get("quality"):
+        return "no quality figures"
+    return "; ".join(quality.verdict(row["quality"], config.get("quality_bounds")))
+
+
+def below_floor(row, reference, config):
+    """The figures of ROW that would fail the validation's floor (benchmark_fail_below: figure to the lowest ratio to
+    the baseline) against REFERENCE, the engine defaults' row, as 'figure ratio < floor'; [] without a reference."""
+    if not reference:
+        return []
+    out = []
+    for figure, floor in sorted((config.get("validation_floor") or {}).items()):
+        new, old = row.get(figure), reference.get(figure)
+        if not (isinstance(new, (int, float)) and isinstance(old, (int, float)) and new > 0 and old > 0):
+            continue
+        ratio = old / new if figure.endswith("_ms") or "_ms_" in figure else new / old
+        if ratio < float(floor):
+            out.append(f"{figure} {round(ratio, 3)} < {floor}")
+    return out
+
+
 def choose(rows, kept, config):
-    """(chosen row, reason): the lowest score among the measured candidates within the memory budget and the latency
-    bounds. Rows disturbed by other processes (noisy) are shown and left out, unless every row was: then the choice is
-    among them, and the reason says so. A row of a later stage replaces KEPT (the setting kept so far) only when it
-    scores lower by more than min_gain_percent: rows are measured minutes apart and the host drifts."""
+    """(chosen row, reason): the lowest score among the measured candidates within the memory budget, the latency
+    bounds and the quality gate. Rows disturbed by other processes (noisy) are shown and left out, unless every row
+    was: then the choice is among them, and the reason says so. A row of a later stage replaces KEPT (the setting kept
+    so far) only when it scores lower by more than min_gain_percent: rows are measured minutes apart and the host
+    drifts."""
     measured = [row for row in rows if row.get("tuned") and row["status"] == "measured"]
     quiet = [row for row in measured if not row.get("noisy")]
     pool = quiet or measured
@@ -594,7 +631,16 @@ def choose(rows, kept, config):
         # A row without the figure cannot show it is within.
         slow += [row for row in pool if bound > 0 and (row.get(figure) is None or row[figure] > bound)
                  and row not in slow]
-    eligible = [row for row in pool if row not in over + slow]
+    refused = [row for row in pool if quality_refusal(row, config)]
+    eligible = [row for row in pool if row not in over + slow + refused]
+    # What the validation would fail against the untuned baseline, judged against the engine defaults' row (the same
+    # engine defaults, the same workload): left out while another row passes.
+    reference = next((row for row in rows if not row.get("tuned") and row["status"] == "measured"), None)
+    worse = [row for row in eligible if below_floor(row, reference, config)]
+    if worse and len(worse) < len(eligible):
+        eligible = [row for row in eligible if row not in worse]
+    else:
+        worse = []
     if not eligible:
         return None, "no candidate measured within the limits"
     best = min(eligible, key=lambda row: row["score_ms"])
@@ -606,6 +652,10 @@ def choose(rows, kept, config):
         reason += f", {len(over)} over the memory budget"
     if slow:
         reason += f", {len(slow)} over the latency bounds"
+    if refused:
+        reason += f", {len(refused)} refused by the quality gate"
+    if worse:
+        reason += f", {len(worse)} below the validation's floor against the engine defaults"
     if keep:
         reason += f", kept over {best['score_ms']} ms, within autotune_min_gain_percent ({config['min_gain_percent']} %) of it"
     if not quiet:
@@ -695,6 +745,32 @@ def _twin_gap(row, limit):
     return "no twin" if "skipped" in twin else "-"
 
 
+def _kernels(row):
+    """The kernels a row ran (the engine's own account) and, where the rule table expects another, that one."""
+    ran, expected = row.get("kernel") or "", row.get("expected_kernel") or ""
+    if ran and expected:
+        return f"{ran} (table: {expected})"
+    return ran or expected or "-"
+
+
+def _quality_lines(result):
+    """The quality gate's figures of each quantized row, once per format, and its verdict."""
+    config = {"quality_bounds": ((result.get("inputs") or {}).get("allowed") or {}).get("quality_bounds")}
+    lines, seen = [], set()
+    for row in result["rows"]:
+        fmt = row.get("gguf_type") or row.get("format")
+        if row.get("engine") != "llama_cpp" or fmt in quality.UNQUANTIZED or fmt in seen or row["status"] != "measured":
+            continue
+        seen.add(fmt)
+        figures, refusal = row.get("quality") or {}, quality_refusal(row, config)
+        text = (f"Quality gate, {fmt}: " + (
+            f"mean KLD {figures['kld_mean']}, 99 % KLD {figures['kld_p99']}, same top token "
+            f"{figures['same_top_percent']} %, PPL ratio {figures['ppl_ratio']} against bf16 (llama-perplexity, "
+            f"{figures.get('scored_tokens', '?')} tokens scored)" if figures else "not measured"))
+        lines.append(text + (f": refused, {refusal} (measured, not chosen)." if refusal else ": within the bounds."))
+    return lines
+
+
 def _same_setting(row, other, keys):
     blank = {"parallel": None, "continuous_batching": None, "layout": "single"}
     return all(dict(blank, **row).get(key) == dict(blank, **other).get(key) for key in keys)
@@ -764,8 +840,8 @@ def report_markdown(result, host, cpu_model, baseline):
     lines += ["", "| setting | stage | engine | format | threads | CPUs | allocator | batching | layout | status | "
               "deploy s | TTFT p50 ms | TTFT p95 ms | TPOT p50 ms | TPOT p95 ms | decode tok/s | output tok/s | "
               "score ms | peak RSS MiB | roofline tok/s | roofline % | other CPUs busy | load before | "
-              "twin decode tok/s | slower than twin %, decode / e2e |",
-              "|" + "---|" * 25]
+              "twin decode tok/s | slower than twin %, decode / e2e | kernels |",
+              "|" + "---|" * 26]
     for row in result["rows"]:
         if not row.get("tuned"):
             kind = "engine defaults"
@@ -783,7 +859,7 @@ def report_markdown(result, host, cpu_model, baseline):
                  _cell(row.get("output_tokens_per_s")), _cell(row.get("score_ms")), _cell(row.get("rss_mb")),
                  _cell(row.get("roofline_tokens_per_s")), _cell(row.get("roofline_percent")), busy,
                  _cell(row.get("loadavg_before")), _cell((row.get("twin") or {}).get("decode_tokens_per_s")),
-                 _twin_gap(row, limit)]
+                 _twin_gap(row, limit), _kernels(row)]
         lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
     lines.append("")
     measured = [row for row in result["rows"] if row["status"] == "measured"]
@@ -822,6 +898,7 @@ def report_markdown(result, host, cpu_model, baseline):
                          f"{one['twin']['score_ms']} ms), one engine per NUMA node {per_node['score_ms']} ms (their twins "
                          f"{per_node['twin']['score_ms']} ms): the twins rank the layouts "
                          f"{'as the services did' if agree else 'the other way round: the choice is within the noise'}.")
+    lines += _quality_lines(result)
     under_load = [row for row in measured if row.get("noisy")]
     if under_load:
         lines.append(f"Measured under load (other processes kept more than the busy limit of CPUs busy): "

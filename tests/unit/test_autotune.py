@@ -17,10 +17,16 @@ AUTOTUNE = os.path.join(FIXTURES, "autotune")
 SERVICE_SPEC = yaml.safe_load(open(os.path.join(ROOT, "roles/inference_service/meta/argument_specs.yml"),
                                    encoding="utf-8"))["argument_specs"]["main"]["options"]
 # The 2-vCPU Zen 4 node of the demo: one CPU per physical core, native bf16.
-TOPOLOGY = {"model_name": "AMD EPYC 9R14", "isa": {"avx512_bf16": True}, "usable_cpus": [0, 1],
+ZEN4_ISA = {"avx2": True, "avx512f": True, "avx512_bf16": True, "avx512_vnni": True, "amx_tile": False,
+            "amx_bf16": False, "amx_int8": False}
+TOPOLOGY = {"model_name": "AMD EPYC 9R14", "isa": ZEN4_ISA, "usable_cpus": [0, 1],
             "recommended": {"cpus": [0, 1], "threads": 2, "per_node": [{"numa_node": 0, "cpus": [0, 1], "threads": 2}]}}
-OPTIONS = {"engines": ["transformers", "llama_cpp"], "dtypes": ["bfloat16", "float32"], "gguf_types": ["bf16", "q8_0"],
-           "allow_quantized": False, "memory_budget_mb": 0, "threads": [], "allocators": ["jemalloc", "tcmalloc"],
+# The autotune role's quality bounds.
+QUALITY_BOUNDS = {"max_kld_mean": 0.05, "max_kld_p99": 0.5, "min_same_top_percent": 85.0, "max_ppl_ratio": 1.05}
+# One GGUF type: the order of the sweep's stages; the candidate tests give the role's default types.
+OPTIONS = {"engines": ["transformers", "llama_cpp"], "dtypes": ["bfloat16", "float32"], "gguf_types": ["bf16"],
+           "allow_quantized": False, "quality_bounds": QUALITY_BOUNDS, "validation_floor": {}, "memory_budget_mb": 0,
+           "threads": [], "allocators": ["jemalloc", "tcmalloc"],
            "layouts": ["single", "per_node"], "parallel": [], "min_gain_percent": 5.0, "prompt_tokens": 128,
            "output_tokens": 32, "concurrency": 1, "requests": 2, "max_ttft_p95_ms": 0, "max_tpot_p95_ms": 0,
            "budget_s": 300, "api_key_set": False, "twin": True, "twin_max_gap_percent": 5.0, "twin_max_rounds": 12,
@@ -119,22 +125,32 @@ def by_stack(setting):
 TF32 = ["transformers", "float32"]
 
 
-@pytest.mark.parametrize("allowed, gguf_types, dtypes, bf16, stacks, later", [
-    (False, ["bf16", "q8_0"], ["bfloat16", "float32"], True, [["transformers", "bfloat16"], ["llama_cpp", "bf16"]], [TF32]),
-    (True, ["bf16", "q8_0"], ["bfloat16", "float32"], True,
-     [["transformers", "bfloat16"], ["llama_cpp", "bf16"], ["llama_cpp", "q8_0"]], [TF32]),
-    # llama-quantize's types are quantized too.
-    (False, ["bf16", "q4_k_m", "q6_k"], ["bfloat16", "float32"], True,
+# Zen 3 (EPYC 7003, the machine of 2026-12-06): AVX2, no AVX-512, no bf16 arithmetic.
+ZEN3_ISA = {"avx2": True, "avx512f": False, "avx512_bf16": False, "avx512_vnni": False, "amx_tile": False,
+            "amx_bf16": False, "amx_int8": False}
+
+
+@pytest.mark.parametrize("isa, allowed, gguf_types, dtypes, stacks, later", [
+    # q8_0 is a candidate by default, first: fewer bytes a weight, int8 dot products of the vector unit.
+    (ZEN4_ISA, False, ["bf16", "q8_0"], ["bfloat16", "float32"],
+     [["transformers", "bfloat16"], ["llama_cpp", "q8_0"], ["llama_cpp", "bf16"]], [TF32]),
+    # The types of fewer than 8 bits only when allowed, and then first.
+    (ZEN4_ISA, False, ["bf16", "q4_k_m", "q6_k"], ["bfloat16", "float32"],
      [["transformers", "bfloat16"], ["llama_cpp", "bf16"]], [TF32]),
-    (True, ["q4_k_m"], ["bfloat16", "float32"], True, [["transformers", "bfloat16"], ["llama_cpp", "q4_k_m"]], [TF32]),
-    # No native bf16 (Zen 3): every stack in the operator's order.
-    (False, ["bf16"], ["bfloat16", "float32"], False, [["transformers", "bfloat16"], TF32, ["llama_cpp", "bf16"]], []),
-    (False, ["bf16"], ["float32"], True, [["llama_cpp", "bf16"]], [TF32]),
+    (ZEN4_ISA, True, ["bf16", "q8_0", "q4_k_m"], ["bfloat16", "float32"],
+     [["transformers", "bfloat16"], ["llama_cpp", "q4_k_m"], ["llama_cpp", "q8_0"], ["llama_cpp", "bf16"]], [TF32]),
+    (ZEN4_ISA, True, ["q4_k_m"], ["bfloat16", "float32"], [["transformers", "bfloat16"], ["llama_cpp", "q4_k_m"]],
+     [TF32]),
+    # No bf16 arithmetic (Zen 3): torch's float32 first, nothing left for later.
+    (ZEN3_ISA, False, ["bf16"], ["bfloat16", "float32"],
+     [TF32, ["transformers", "bfloat16"], ["llama_cpp", "bf16"]], []),
+    (ZEN4_ISA, False, ["bf16"], ["float32"], [["llama_cpp", "bf16"]], [TF32]),
     # Only float32 allowed: it is not left for later.
-    (False, [], ["float32"], True, [TF32], []),
+    (ZEN4_ISA, False, [], ["float32"], [TF32], []),
 ])
-def test_candidates_hold_quantized_formats_only_when_allowed(allowed, gguf_types, dtypes, bf16, stacks, later):
-    topology = dict(TOPOLOGY, isa={"avx512_bf16": bf16})
+def test_candidates_in_the_cpus_order_with_low_bit_types_only_when_allowed(isa, allowed, gguf_types, dtypes, stacks,
+                                                                            later):
+    topology = dict(TOPOLOGY, isa=isa)
     assert at.candidate_stacks(config(topology, allow_quantized=allowed, dtypes=dtypes, gguf_types=gguf_types)) == \
         (stacks, later)
 
@@ -160,7 +176,7 @@ def test_thread_candidates_leave_out_the_recommendation_and_more_than_the_cpus()
 
 def test_no_candidate_is_refused_before_any_row():
     with pytest.raises(at.SweepError, match="no candidate stack"):
-        at.new_state(config(engines=["llama_cpp"], gguf_types=["q8_0"]), 0.0)
+        at.new_state(config(engines=["llama_cpp"], gguf_types=["q4_k_m"]), 0.0)
 
 
 # --- the order within the budget (issue 40) --------------------------------------------------------------------
@@ -361,6 +377,52 @@ def test_candidates_above_the_latency_bounds_are_left_out():
     assert choose(500, 50) == (40.0, "lowest workload score of 1 measured candidates, 3 over the latency bounds")
 
 
+# The quality gate's figures of the Qwen3-0.6B proxy (tests/fixtures/quality).
+Q8_0_FIGURES = {"kld_mean": 0.000202, "kld_p99": 0.00026, "same_top_percent": 92.913, "ppl_ratio": 1.001579}
+Q2_K_FIGURES = {"kld_mean": 0.112679, "kld_p99": 0.150168, "same_top_percent": 13.386, "ppl_ratio": 1.014297}
+
+
+def test_a_quantized_type_beyond_the_quality_bounds_is_measured_and_not_chosen():
+    row = {"tuned": True, "status": "measured", "noisy": False, "rss_mb": 900, "engine": "llama_cpp"}
+    rows = [dict(row, format="q2_k", gguf_type="q2_k", score_ms=10.0, quality=Q2_K_FIGURES),
+            dict(row, format="q4_0", gguf_type="q4_0", score_ms=15.0, quality=None),  # the gate did not run
+            dict(row, format="q8_0", gguf_type="q8_0", score_ms=20.0, quality=Q8_0_FIGURES),
+            dict(row, format="bf16", gguf_type="bf16", score_ms=30.0)]
+    chosen, reason = at.choose(rows, None, CHOICE)
+    assert (chosen["format"], reason) == ("q8_0", "lowest workload score of 2 measured candidates, 2 refused by the "
+                                                  "quality gate")
+    assert at.quality_refusal(rows[0], CHOICE) == "mean KLD 0.112679 > 0.05; same top token 13.386 % < 85 %"
+    assert at.quality_refusal(rows[1], CHOICE) == "no quality figures"
+    assert at.quality_refusal(rows[3], CHOICE) == ""
+    result = {"rows": [dict(r, tuned=True) for r in rows], "inputs": {"allowed": {"quality_bounds": QUALITY_BOUNDS}}}
+    assert at._quality_lines(result) == [
+        "Quality gate, q2_k: mean KLD 0.112679, 99 % KLD 0.150168, same top token 13.386 %, PPL ratio 1.014297 against "
+        "bf16 (llama-perplexity, ? tokens scored): refused, mean KLD 0.112679 > 0.05; same top token 13.386 % < 85 % "
+        "(measured, not chosen).",
+        "Quality gate, q4_0: not measured: refused, no quality figures (measured, not chosen).",
+        "Quality gate, q8_0: mean KLD 0.000202, 99 % KLD 0.00026, same top token 92.913 %, PPL ratio 1.001579 against "
+        "bf16 (llama-perplexity, ? tokens scored): within the bounds."]
+
+
+def test_a_row_the_validation_would_fail_is_left_out_while_another_passes():
+    """The validation's floor (benchmark_fail_below) against the engine defaults' row: the AMX Xeon's llama.cpp bf16
+    decoded faster than transformers but took longer to its first token."""
+    floor = {"decode_tokens_per_s": 0.85, "ttft_ms_p50": 0.85, "ttft_ms_p95": 0.8, "e2e_ms_p50": 0.85}
+    base = {"tuned": True, "status": "measured", "noisy": False, "rss_mb": 900}
+    reference = dict(base, tuned=False, ttft_ms_p50=607.0, ttft_ms_p95=650.0, decode_tokens_per_s=4.9, score_ms=6900.0)
+    slow_start = dict(base, score_ms=4300.0, ttft_ms_p50=1479.0, ttft_ms_p95=1520.0, decode_tokens_per_s=11.0)
+    passes = dict(base, score_ms=5100.0, ttft_ms_p50=560.0, ttft_ms_p95=600.0, decode_tokens_per_s=7.0)
+    cfg = dict(CHOICE, validation_floor=floor)
+    assert at.below_floor(slow_start, reference, cfg) == ["ttft_ms_p50 0.41 < 0.85", "ttft_ms_p95 0.428 < 0.8"]
+    chosen, reason = at.choose([reference, slow_start, passes], None, cfg)
+    assert (chosen, reason) == (passes, "lowest workload score of 1 measured candidates, 1 below the validation's "
+                                        "floor against the engine defaults")
+    # Every row below it: the choice stands among them (the validation then says which figure fails).
+    assert at.choose([reference, slow_start], None, cfg)[0] == slow_start
+    # No engine defaults measured: nothing to judge by.
+    assert at.choose([slow_start, passes], None, cfg)[0] == slow_start
+
+
 @pytest.mark.parametrize("margin, new_score, kept", [
     (5, 97.0, 100.0),   # 3 % better: within the margin, the setting of the stage before stays
     (5, 94.0, 94.0),    # 6 % better: replaces it
@@ -537,9 +599,11 @@ def test_the_report_names_the_gap_to_each_rows_twin():
               "finished": "now", "inputs": {"twin": {"max_rounds": 8}}}
     text = at.report_markdown(result, "node", "AMD EPYC", {})
     rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| ") and " bf16 " in line]
-    assert [(cells[-2], cells[-1]) for cells in rows] == [
-        ("20.3", "1.5 / -0.4 |"), ("22.0", "**9.1 / 8.2 (over 5.0 % in every round: the unit costs speed)** (8 rounds) |"),
-        ("24.1", "8.2 / 9.6 (not resolved: rounds -1.0 to 17.4) |"), ("-", "no twin |")]
+    # The last cell names the kernels: these rows were stored without, and llama.cpp bf16 has no fast one on this CPU.
+    assert [(cells[-3], cells[-2], cells[-1]) for cells in rows] == [
+        ("20.3", "1.5 / -0.4", "- |"),
+        ("22.0", "**9.1 / 8.2 (over 5.0 % in every round: the unit costs speed)** (8 rounds)", "- |"),
+        ("24.1", "8.2 / 9.6 (not resolved: rounds -1.0 to 17.4)", "- |"), ("-", "no twin", "- |")]
     assert "over 5.0 % in every round on 1 row(s), marked in bold; beyond 5.0 % on 1 row(s)" in text
     assert ("No twin for llama_cpp bf16 (2 threads, allocator jemalloc): not enough memory for the twin beside the "
             "service.") in text

@@ -1,8 +1,8 @@
 #!/bin/sh
 # build-llama-cpp.sh SOURCE BUILD VARIANTS [--patch FILE]... [CMAKE_ARG...]: compile llama.cpp's server and tools
-# from SOURCE in the folder BUILD, and write them, their shared libraries and every CPU backend ggml built
-# (libggml-cpu-*.so) as a tar to "$ONCE_PART" (see once.sh), with build-info.txt (cmake arguments, CPU variants,
-# patches, compile seconds).
+# (llama-perplexity: the quality gate of quantized types) from SOURCE in the folder BUILD, and write them, their
+# shared libraries and every CPU backend ggml built (libggml-cpu-*.so) as a tar to "$ONCE_PART" (see once.sh), with
+# build-info.txt (cmake arguments, CPU variants, patches, compile seconds).
 # VARIANTS: "all", or the space-separated CPU variants of -DGGML_CPU_ALL_VARIANTS=ON to keep (e.g. "haswell zen4");
 # each variant costs about 100 CPU-seconds. ggml has no option for a subset, so the build reads a hard-linked copy of
 # SOURCE whose ggml/src/CMakeLists.txt lists only those; an unknown name fails with the release's list.
@@ -58,10 +58,11 @@ cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_L
   '-DCMAKE_INSTALL_RPATH=$ORIGIN' -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON \
   "-DCMAKE_PROJECT_INCLUDE=$(cd "$(dirname "$0")" && pwd)/llama-cpp-opt-level.cmake" "$@" >"$build.cmake.log" 2>&1 || { tail -n 30 "$build.cmake.log" >&2; exit 1; }
 # ggml depends on every CPU backend module (a MODULE library the programs do not link).
-cmake --build "$build" --target llama-server llama-bench llama-batched-bench llama-quantize ggml >"$build.build.log" 2>&1 ||
+cmake --build "$build" --target llama-server llama-bench llama-batched-bench llama-quantize llama-perplexity ggml \
+  >"$build.build.log" 2>&1 ||
   { tail -n 30 "$build.build.log" >&2; exit 1; }
 cd "$build/bin"
 printf 'cmake arguments: %s\nCPU variants: %s\npatches:%s\ncompile seconds: %s\n' "$*" "$variants" "$patches" \
   $(($(date +%s) - start)) >build-info.txt
 # build-info.txt last: hosts take its presence for a whole unpack.
-tar -cf "$ONCE_PART" llama-server llama-bench llama-batched-bench llama-quantize lib*.so* build-info.txt
+tar -cf "$ONCE_PART" llama-server llama-bench llama-batched-bench llama-quantize llama-perplexity lib*.so* build-info.txt
