@@ -832,9 +832,9 @@ def report_markdown(result, host, cpu_model, baseline):
                  f"{work['output_tokens']} output tokens (EOS ignored), {work.get('concurrency', 1)} request(s) in "
                  f"flight{bounds}.")
     budget_mb = limits.get("memory_budget_mb") or 0
-    lines.append(f"Allowed: engines {', '.join(limits.get('engines') or ['transformers'])}; quantized formats "
-                 f"{'yes' if limits.get('quantized_allowed') else 'no'}; memory budget "
-                 f"{str(budget_mb) + ' MiB' if budget_mb else 'none'}.")
+    lines.append(f"Allowed: engines {', '.join(limits.get('engines') or ['transformers'])}; GGUF types below 8 bits "
+                 f"{'yes' if limits.get('quantized_allowed') else 'no'}, quantized ones within the quality gate's "
+                 f"bounds; memory budget {str(budget_mb) + ' MiB' if budget_mb else 'none'}.")
     lines.append(f"Score: {result['score']}. Time budget {result['time_budget_s']} s, sweep took {result['elapsed_s']} s "
                  f"(finished {result['finished']}).")
     lines += ["", "| setting | stage | engine | format | threads | CPUs | allocator | batching | layout | status | "
