@@ -1,0 +1,72 @@
+"""A role's defaults are loaded only when that role runs: another role that reads one bare works where the owner ran
+first (site.yml's baseline runs the benchmark role before the auto-tune) and fails where it did not. Found in
+molecule llama_cpp's verify.yml: playbooks/autotune.yml alone failed with "'benchmark_fail_below' is undefined".
+What one role needs of another's variables comes through that role's own fact (benchmark_settings) or is read with
+a default.
+"""
+
+import glob
+import os
+import re
+
+import pytest
+import yaml
+from conftest import ROOT
+
+ROLES = sorted(os.path.basename(path) for path in glob.glob(os.path.join(ROOT, "roles", "*")))
+EXPRESSION = re.compile(r"\{\{(.*?)\}\}|\{%(.*?)%\}", re.S)
+# Conditions are bare Jinja.
+CONDITION = re.compile(r"^\s*-?\s*(?:when|that|changed_when|failed_when|until):\s*(.+)$", re.M)
+# Not an attribute (hostvars[host].name reads that host's variables, loaded with its inventory).
+NAME = re.compile(r"(?<![.\w])[a-z][a-z0-9_]*\b")
+
+
+def role_defaults(role):
+    path = os.path.join(ROOT, "roles", role, "defaults", "main.yml")
+    if not os.path.exists(path):
+        return set()
+    with open(path, encoding="utf-8") as f:
+        return set(yaml.safe_load(f) or {})
+
+
+def bare_reads(text, names):
+    """The NAMES that TEXT's Jinja reads without a `| default(...)` right after them."""
+    chunks = [a or b for a, b in EXPRESSION.findall(text)] + CONDITION.findall(text)
+    found = set()
+    for chunk in chunks:
+        for match in NAME.finditer(chunk):
+            if match.group(0) in names and not re.match(r"\s*\|\s*default\b", chunk[match.end():]):
+                found.add(match.group(0))
+    return found
+
+
+def role_files(role):
+    return sorted(path for path in glob.glob(os.path.join(ROOT, "roles", role, "**", "*"), recursive=True)
+                  if path.endswith((".yml", ".j2")) and os.path.isfile(path))
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_no_role_reads_another_roles_default_bare(role):
+    others = set().union(*(role_defaults(other) for other in ROLES if other != role))
+    faults = {}
+    for path in role_files(role):
+        with open(path, encoding="utf-8") as f:
+            found = bare_reads(f.read(), others)
+        if found:
+            faults[os.path.relpath(path, ROOT)] = sorted(found)
+    assert faults == {}
+
+
+def test_the_fault_is_real():
+    names = {"benchmark_fail_below", "inference_service_api_key"}
+    text = """
+- name: Start the sweep
+  autotune_sweep:
+    config:
+      validation_floor: "{{ benchmark_fail_below }}"
+      api_key_set: "{{ inference_service_api_key | default('') | length > 0 }}"
+  when: benchmark_fail_below | length > 0
+"""
+    assert bare_reads(text, names) == {"benchmark_fail_below"}
+    assert bare_reads(text.replace("{{ benchmark_fail_below }}", "{{ benchmark_settings.fail_below }}")
+                      .replace("when: benchmark_fail_below", "when: x"), names) == set()
