@@ -17,22 +17,25 @@ ASSERT = ("ansible.builtin.assert", "assert")
 CONDITIONS = ("when", "failed_when", "changed_when", "until")
 
 
-def bad_conditions(tasks):
-    """(task name, keyword, value) of each condition in TASKS that is not a string or a bool."""
-    out = []
+def conditions(tasks):
+    """(task name, keyword, value) of each condition in TASKS: when and its kin, and each assertion."""
     for task in tasks_of(tasks):
         name = task.get("name", "?")
         for key in CONDITIONS:
             values = task.get(key)
             for value in values if isinstance(values, list) else [values]:
-                if value is not None and not isinstance(value, (str, bool)):
-                    out.append((name, key, value))
+                if value is not None:
+                    yield name, key, value
         for key in ASSERT:
             that = (task.get(key) or {}).get("that") if isinstance(task.get(key), dict) else None
             for value in that if isinstance(that, list) else [that]:
-                if value is not None and not isinstance(value, (str, bool)):
-                    out.append((name, "that", value))
-    return out
+                if value is not None:
+                    yield name, "that", value
+
+
+def bad_conditions(tasks):
+    """(task name, keyword, value) of each condition in TASKS that is not a string or a bool."""
+    return [(name, key, value) for name, key, value in conditions(tasks) if not isinstance(value, (str, bool))]
 
 
 @pytest.mark.parametrize("path", FILES, ids=[os.path.relpath(path, ROOT) for path in FILES])

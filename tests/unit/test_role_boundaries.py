@@ -12,11 +12,10 @@ import re
 import pytest
 import yaml
 from conftest import ROOT
+from test_conditionals import conditions
 
 ROLES = sorted(os.path.basename(path) for path in glob.glob(os.path.join(ROOT, "roles", "*")))
 EXPRESSION = re.compile(r"\{\{(.*?)\}\}|\{%(.*?)%\}", re.S)
-# Conditions are bare Jinja.
-CONDITION = re.compile(r"^\s*-?\s*(?:when|that|changed_when|failed_when|until):\s*(.+)$", re.M)
 # Not an attribute (hostvars[host].name reads that host's variables, loaded with its inventory).
 NAME = re.compile(r"(?<![.\w])[a-z][a-z0-9_]*\b")
 
@@ -29,9 +28,11 @@ def role_defaults(role):
         return set(yaml.safe_load(f) or {})
 
 
-def bare_reads(text, names):
-    """The NAMES that TEXT's Jinja reads without a `| default(...)` right after them."""
-    chunks = [a or b for a, b in EXPRESSION.findall(text)] + CONDITION.findall(text)
+def bare_reads(text, names, tasks=None):
+    """The NAMES that TEXT's Jinja, and the conditions of TASKS (bare Jinja), read without a `| default(...)` right
+    after them."""
+    chunks = [a or b for a, b in EXPRESSION.findall(text)]
+    chunks += [value for _, _, value in conditions(tasks or []) if isinstance(value, str)]
     found = set()
     for chunk in chunks:
         for match in NAME.finditer(chunk):
@@ -51,7 +52,8 @@ def test_no_role_reads_another_roles_default_bare(role):
     faults = {}
     for path in role_files(role):
         with open(path, encoding="utf-8") as f:
-            found = bare_reads(f.read(), others)
+            text = f.read()
+        found = bare_reads(text, others, yaml.safe_load(text) if path.endswith(".yml") else None)
         if found:
             faults[os.path.relpath(path, ROOT)] = sorted(found)
     assert faults == {}
@@ -65,8 +67,12 @@ def test_the_fault_is_real():
     config:
       validation_floor: "{{ benchmark_fail_below }}"
       api_key_set: "{{ inference_service_api_key | default('') | length > 0 }}"
-  when: benchmark_fail_below | length > 0
+- name: Check the floor
+  ansible.builtin.assert:
+    that:
+      - inference_service_api_key | length > 0
 """
-    assert bare_reads(text, names) == {"benchmark_fail_below"}
-    assert bare_reads(text.replace("{{ benchmark_fail_below }}", "{{ benchmark_settings.fail_below }}")
-                      .replace("when: benchmark_fail_below", "when: x"), names) == set()
+    assert bare_reads(text, names, yaml.safe_load(text)) == {"benchmark_fail_below", "inference_service_api_key"}
+    fixed = text.replace("{{ benchmark_fail_below }}", "{{ benchmark_settings.fail_below }}").replace(
+        "- inference_service_api_key |", "- inference_service_api_key | default('') |")
+    assert bare_reads(fixed, names, yaml.safe_load(fixed)) == set()
