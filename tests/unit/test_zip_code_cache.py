@@ -1,7 +1,8 @@
-"""tests/vm/zip_code_cache.py: a module imported from a zip is compiled once, and anew when its source changes."""
+"""scripts/zip_code_cache.py: a module imported from a zip is compiled once, and anew when its source changes."""
 
 import importlib.util
 import os
+import subprocess
 import sys
 import zipfile
 import zipimport
@@ -13,7 +14,7 @@ from conftest import ROOT
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    path = os.path.join(ROOT, "tests", "vm", "zip_code_cache.py")
+    path = os.path.join(ROOT, "scripts", "zip_code_cache.py")
     spec = importlib.util.spec_from_file_location("zip_code_cache", path)
     module = importlib.util.module_from_spec(spec)
     compiled = []
@@ -51,3 +52,14 @@ def test_a_zipped_module_is_compiled_once_per_source(cache):
     write_zip(tmp_path / "task2.zip", "llmtune_zipped_probe", "VALUE = 'two'\n")
     assert import_from_zip(tmp_path / "task2.zip", "llmtune_zipped_probe").VALUE == "two"
     assert len(compiled) == 2 and len(os.listdir(tmp_path / "cache")) == 2
+
+
+def test_install_makes_every_python3_start_load_the_cache(tmp_path):
+    site_dir = tmp_path / "usr" / "lib" / "python3" / "dist-packages"
+    site_dir.mkdir(parents=True)
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "zip_code_cache.py"), str(tmp_path)], check=True)
+    # Debian's python3 reads the .pth files of dist-packages at start, as site.addsitedir does here.
+    loaded = subprocess.run(
+        [sys.executable, "-c", f"import site, zipimport; site.addsitedir({str(site_dir)!r}); "
+         "print(zipimport._compile_source.__module__)"], check=True, capture_output=True, text=True).stdout
+    assert loaded.strip() == "llmtune_zip_code_cache"
