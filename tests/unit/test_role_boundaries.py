@@ -1,13 +1,19 @@
-"""A role's defaults are loaded only when that role runs: another role that reads one bare works where the owner ran
+"""Roles depend on each other through documented variables only.
+
+A role's defaults are loaded only when that role runs: another role that reads one bare works where the owner ran
 first (site.yml's baseline runs the benchmark role before the auto-tune) and fails where it did not. Found in
 molecule llama_cpp's verify.yml: playbooks/autotune.yml alone failed with "'benchmark_fail_below' is undefined".
 What one role needs of another's variables comes through that role's own fact (benchmark_settings) or is read with
 a default.
+
+A role's `__` names are its own: another role, a playbook or a scenario that reads one breaks when the role renames
+it (autotune read five of the benchmark role's; it reads the benchmark_measurement fact now).
 """
 
 import glob
 import os
 import re
+import subprocess
 
 import pytest
 import yaml
@@ -76,3 +82,27 @@ def test_the_fault_is_real():
     fixed = text.replace("{{ benchmark_fail_below }}", "{{ benchmark_settings.fail_below }}").replace(
         "- inference_service_api_key |", "- inference_service_api_key | default('') |")
     assert bare_reads(fixed, names, yaml.safe_load(fixed)) == set()
+
+
+def private_reads(path, text):
+    """The other roles' `__<role>_` names that TEXT (the file at PATH, relative to the project) reads."""
+    return sorted({match.group(0) for role in ROLES if not path.startswith(f"roles/{role}/")
+                   for match in re.finditer(rf"\b__{role}_\w+", text)})
+
+
+def test_no_file_reads_another_roles_private_names():
+    files = subprocess.run(["git", "ls-files", "*.yml", "*.j2"], cwd=ROOT, check=True, capture_output=True,
+                           text=True).stdout.split()
+    faults = {}
+    for path in files:
+        with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+            found = private_reads(path, f.read())
+        if found:
+            faults[path] = found
+    assert faults == {}
+
+
+def test_a_private_read_is_found():
+    text = "measurement: \"{{ {'result': __benchmark_result, 'own': __autotune_state} }}\"\n"
+    assert private_reads("roles/autotune/tasks/measure_row.yml", text) == ["__benchmark_result"]
+    assert private_reads("roles/benchmark/tasks/workload.yml", text) == ["__autotune_state"]
