@@ -99,6 +99,7 @@ def engine_proc_tree(proc):
 
 # --- proxy model + real inference service (tests/unit/test_proxy_model.py, test_inference_benchmark.py) ---
 import contextlib  # noqa: E402
+import glob  # noqa: E402
 import socket  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
@@ -185,6 +186,39 @@ def tiny_proxy_dir(tmp_path_factory):
     done = build_proxy(out, preset="qwen3-test-tiny")
     assert done.returncode == 0, done.stderr
     return out
+
+
+def llama_cpp_build():
+    """(the programs' folder of the llama.cpp build in LLMTUNE_CACHE, its source folder with the GGUF converter), or
+    None. The test command builds it before the unit tests (playbooks/wheelhouse.yml); the tests that need it skip
+    without, and make their GGUF themselves: a GGUF of the cache is there or not by the time the VM's deploy got."""
+    cache = os.environ.get("LLMTUNE_CACHE", "")
+    # The compile's folder (the test command's, before any scenario) or the build as hosts unpack it.
+    programs = sorted(glob.glob(os.path.join(cache, "llama.cpp-*.build", "bin", "llama-server"))
+                      + glob.glob(os.path.join(cache, "llama.cpp-*", "llama-server")))
+    sources = sorted(glob.glob(os.path.join(cache, "llama.cpp-*-source", "convert_hf_to_gguf.py")))
+    return (os.path.dirname(programs[0]), os.path.dirname(sources[0])) if cache and programs and sources else None
+
+
+needs_llama_cpp = pytest.mark.skipif(llama_cpp_build() is None,
+                                     reason="no llama.cpp build in LLMTUNE_CACHE (playbooks/wheelhouse.yml)")
+
+
+def convert_to_gguf(model_dir, out):
+    """MODEL_DIR as a bf16 GGUF at OUT, by the converter of the cached build."""
+    source = llama_cpp_build()[1]
+    subprocess.run([sys.executable, os.path.join(source, "convert_hf_to_gguf.py"), str(model_dir), "--outtype", "bf16",
+                    "--outfile", str(out)], check=True, capture_output=True,
+                   env=dict(os.environ, PYTHONPATH=os.path.join(source, "gguf-py")))
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tiny_proxy_dir, tmp_path_factory):
+    """The tiny proxy as a bf16 GGUF (skips without a llama.cpp build)."""
+    if llama_cpp_build() is None:
+        pytest.skip("no llama.cpp build in LLMTUNE_CACHE (playbooks/wheelhouse.yml)")
+    return convert_to_gguf(tiny_proxy_dir, tmp_path_factory.mktemp("gguf") / "qwen3-test-tiny-bf16.gguf")
 
 
 def wait_healthy(proc, url, log_path, name, timeout=120, path="/health", any_status=False):

@@ -3,7 +3,6 @@
 (module_utils/llmtune_capacity.py), on recorded outputs and, where a build and a GGUF are in the cache, for real."""
 
 import contextlib
-import glob
 import json
 import os
 import pwd
@@ -15,7 +14,7 @@ import engine_batched_bench as ebb  # noqa: E402  (library/ is on sys.path via c
 import inference_benchmark as bench  # noqa: E402
 from ansible.module_utils import llmtune_capacity as cap  # noqa: E402
 from ansible.module_utils.llmtune_systemd import parse_show, unit_command  # noqa: E402
-from conftest import FIXTURES, engine_proc_tree, free_port, read, wait_healthy  # noqa: E402
+from conftest import FIXTURES, engine_proc_tree, free_port, llama_cpp_build, needs_llama_cpp, read, wait_healthy  # noqa: E402
 
 CAPACITY = os.path.join(FIXTURES, "capacity")
 BUILD = "/opt/llmtune/llama.cpp-0.3.36-x86_64-2e669cd01475"
@@ -160,17 +159,6 @@ def test_a_level_the_engine_did_not_run_is_not_measured():
 
 # --- a real run: llama-server and llama-batched-bench of one build from the cache ---
 
-def cached_build():
-    """(folder of a llama.cpp build with llama-server and llama-batched-bench, the smallest GGUF) in LLMTUNE_CACHE,
-    or None: the test command builds llama.cpp (playbooks/wheelhouse.yml) and converts GGUFs in its scenarios."""
-    cache = os.environ.get("LLMTUNE_CACHE", "")
-    folders = [os.path.dirname(path) for path in sorted(glob.glob(os.path.join(cache, "llama.cpp-*", "bin",
-                                                                               "llama-batched-bench")))
-               if os.access(os.path.join(os.path.dirname(path), "llama-server"), os.X_OK)]
-    ggufs = sorted(glob.glob(os.path.join(cache, "models", "*.gguf")), key=os.path.getsize)
-    return (folders[0], ggufs[0]) if cache and folders and ggufs else None
-
-
 @contextlib.contextmanager
 def llama_server(argv, cpu, log_path):
     """The real llama-server of ARGV pinned to CPU; yields its base URL."""
@@ -187,12 +175,11 @@ def llama_server(argv, cpu, log_path):
         proc.wait(timeout=30)
 
 
-@pytest.mark.skipif(cached_build() is None, reason="no llama.cpp build with llama-batched-bench and no GGUF in "
-                                                   "LLMTUNE_CACHE (made by playbooks/wheelhouse.yml and the scenarios)")
-def test_a_real_sweep_beside_the_engines_own_batched_run(tmp_path):
+@needs_llama_cpp
+def test_a_real_sweep_beside_the_engines_own_batched_run(tiny_gguf, tmp_path):
     """llama-server of a cached build on one CPU, a short capacity sweep, then llama-batched-bench as its unit would
     run it: the same program folder, GGUF, threads and CPU, a row per level of the sweep, each compared."""
-    folder, gguf = cached_build()
+    folder, gguf = llama_cpp_build()[0], tiny_gguf
     cpu = max(os.sched_getaffinity(0))
     server = [f"{folder}/llama-server", "--model", gguf, "--alias", "m", "--host", "127.0.0.1", "--port",
               str(free_port()), "--parallel", "2", "--ctx-size", "2048", "--no-webui", "--threads", "1",

@@ -2,14 +2,12 @@
 (module_utils/llmtune_quality.py) with the autotune role's default bounds, and a real run of a cached llama.cpp build
 that passes q8_0 and refuses q2_k, a format really damaged."""
 
-import glob
 import os
 import subprocess
-import sys
 
 import pytest
 import yaml
-from conftest import FIXTURES, ROOT
+from conftest import FIXTURES, ROOT, convert_to_gguf, llama_cpp_build, needs_llama_cpp
 
 import gguf_quality  # noqa: E402  (library/ is on sys.path via conftest)
 from ansible.module_utils import llmtune_quality as quality
@@ -54,23 +52,10 @@ def test_output_without_the_figures_is_named():
 
 # --- a real run: llama-quantize and llama-perplexity of one build from the cache ---
 
-def cached_build():
-    """(a llama.cpp build folder with llama-perplexity and llama-quantize, its converter's source) in LLMTUNE_CACHE, or
-    None: the test command builds llama.cpp first (playbooks/wheelhouse.yml)."""
-    cache = os.environ.get("LLMTUNE_CACHE", "")
-    folders = [os.path.dirname(path) for path in sorted(glob.glob(os.path.join(cache, "llama.cpp-*", "bin",
-                                                                               "llama-perplexity")))]
-    sources = sorted(glob.glob(os.path.join(cache, "llama.cpp-*-source", "convert_hf_to_gguf.py")))
-    return (folders[0], os.path.dirname(sources[0])) if cache and folders and sources else None
-
-
-@pytest.mark.skipif(cached_build() is None, reason="no llama.cpp build with llama-perplexity in LLMTUNE_CACHE")
+@needs_llama_cpp
 def test_a_real_gate_passes_q8_0_and_refuses_q2_k(proxy_model_dir, tmp_path):
-    tools, source = cached_build()
-    bf16 = tmp_path / "proxy-bf16.gguf"
-    subprocess.run([sys.executable, os.path.join(source, "convert_hf_to_gguf.py"),
-                    str(proxy_model_dir), "--outtype", "bf16", "--outfile", str(bf16)], check=True, capture_output=True,
-                   env=dict(os.environ, PYTHONPATH=os.path.join(source, "gguf-py")))
+    tools = llama_cpp_build()[0]
+    bf16 = convert_to_gguf(proxy_model_dir, tmp_path / "proxy-bf16.gguf")
     figures = {}
     for fmt in ("q8_0", "q2_k"):
         out = tmp_path / f"proxy-{fmt}.gguf"

@@ -1,7 +1,6 @@
 """The rule table (module_utils/llmtune_kernels.py) on the /proc/cpuinfo of each CPU shape (tests/fixtures/cpuinfo),
 read by cpu_topology's own parser: the formats each engine measures first."""
 
-import glob
 import os
 import signal
 
@@ -9,7 +8,7 @@ import pytest
 
 import cpu_topology  # noqa: E402  (library/ is on sys.path via conftest)
 import llama_cpp_probe  # noqa: E402
-from conftest import FIXTURES
+from conftest import FIXTURES, llama_cpp_build, needs_llama_cpp
 
 from ansible.module_utils import llmtune_kernels as kernels
 
@@ -90,13 +89,9 @@ def test_a_variant_that_dies_with_sigill_is_set_aside_and_the_next_one_runs(tmp_
     assert kernel["summary"] == "ggml-cpu-zen4, weights as stored"
 
 
-def test_a_real_probe_of_a_cached_build(tmp_path):
-    build = sorted(glob.glob(os.path.join(os.environ.get("LLMTUNE_CACHE", ""), "llama.cpp-*", "bin", "llama-bench")))
-    ggufs = sorted(glob.glob(os.path.join(os.environ.get("LLMTUNE_CACHE", ""), "models", "*.gguf")),
-                   key=os.path.getsize)
-    if not (os.environ.get("LLMTUNE_CACHE") and build and ggufs):
-        pytest.skip("no llama.cpp build and GGUF in LLMTUNE_CACHE")
-    kernel, disabled = llama_cpp_probe.probe({"programs": os.path.dirname(build[0]), "model": ggufs[0], "threads": 1,
+@needs_llama_cpp
+def test_a_real_probe_of_a_cached_build(tiny_gguf):
+    kernel, disabled = llama_cpp_probe.probe({"programs": llama_cpp_build()[0], "model": tiny_gguf, "threads": 1,
                                               "timeout": 120})
     assert disabled == []
     assert kernel["variant"] and kernel["summary"].startswith(f"ggml-cpu-{kernel['variant']}")
