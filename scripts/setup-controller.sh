@@ -3,7 +3,7 @@
 # Ansible and the test tools, and the local node image. Safe to run again: each step skips when done.
 #   scripts/setup-controller.sh [--no-image|--ansible]
 #     --no-image: all but the node image (scripts/build-node-image.sh)
-#     --ansible: the Debian packages and a venv with Ansible alone, enough to start the one-off builds
+#     --ansible: the Debian packages and a venv with Ansible (and its strategy, Mitogen) alone, enough to start the one-off builds
 #                (playbooks/wheelhouse.yml) while a second run without it installs the rest
 set -euo pipefail
 image=true ansible_only=false
@@ -31,7 +31,8 @@ if $ansible_only; then
   if [ ! -x "$LLMTUNE_ROOT/.venv/bin/ansible-playbook" ]; then
     echo "== Python venv (.venv), Ansible first"
     python3 -m venv "$LLMTUNE_ROOT/.venv"
-    "$LLMTUNE_ROOT/.venv/bin/pip" install -q "$(grep '^ansible==' "$LLMTUNE_ROOT/requirements.txt")"
+    # shellcheck disable=SC2046 # one word per package
+    "$LLMTUNE_ROOT/.venv/bin/pip" install -q $(grep -E '^(ansible|mitogen)==' "$LLMTUNE_ROOT/requirements.txt")
   fi
   exit 0
 fi

@@ -1,0 +1,14 @@
+# Copyright: llmtune contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""Mitogen's linear strategy (requirements.txt), found through ansible.cfg's strategy_plugins.
+
+Mitogen keeps one Python interpreter per host for the whole run and runs each module in it, with its imports
+already loaded: a task no longer starts Python and imports Ansible's module code on the host. Connections it does not
+handle (podman_pipelined) run as they would under the linear strategy.
+"""
+
+from __future__ import annotations
+
+from ansible_mitogen.plugins.strategy.mitogen_linear import StrategyModule
+
+__all__ = ["StrategyModule"]
