@@ -3,8 +3,8 @@
 """Mitogen's linear strategy (requirements.txt), found through ansible.cfg's strategy_plugins.
 
 Mitogen keeps one Python interpreter per host for the whole run and runs each module in it, with its imports
-already loaded: a task no longer starts Python and imports Ansible's module code on the host. Connections it does not
-handle (podman_pipelined) run as they would under the linear strategy.
+already loaded: a task no longer starts Python and imports Ansible's module code on the host. It takes over the ssh,
+local and podman connections; others (podman_pipelined) run as they would under the linear strategy.
 """
 
 from __future__ import annotations

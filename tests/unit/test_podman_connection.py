@@ -1,6 +1,6 @@
-"""The local node's connection (connection_plugins/podman_pipelined.py) on a real systemd container of the node image:
-runc exec and the container's root folder where it can, the process podman exec would start, and a container made
-again under the same name found again."""
+"""The podman_pipelined connection (molecule fleet's, and any node's without Mitogen) on a real systemd container of the
+node image: runc exec and the container's root folder where it can, the process podman exec would start, and a
+container made again under the same name found again."""
 
 import os
 import shutil
