@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every test: lint, module docs, unit tests, the molecule scenarios in local podman nodes, and the reboot
 # proof in a QEMU VM (tests/vm/run.sh).
-# The VM's CPU is emulated and needs about half an hour of CPU, so it runs in the background from the start, beside
+# The VM's CPU is emulated, the slowest single job, so it runs in the background from the start, beside
 # everything whose figures gate nothing: the one-off llama.cpp build, lint, unit tests and the scenarios llama_cpp
 # (API checks), rollback (no service), fleet (a tiny proxy, no threshold but an impossible one) and vllm (API checks,
 # its sweep's targets out of reach of contention). The benchmarks

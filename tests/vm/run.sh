@@ -2,8 +2,7 @@
 # The reboot proof in a real VM: build a Debian bookworm disk, boot it in QEMU, record the untuned values,
 # run site.yml's tuning with reboots allowed, run its boot-related roles again (0 changed, no reboot), deploy the
 # service, reboot, check every setting and the service (tests/vm/checks.yml), roll back, reboot, check the
-# originals. The VM is always powered off at the end. Logs and console: .cache/vm/run/. About 40 minutes under
-# software emulation.
+# originals. The VM is always powered off at the end. Logs and console: .cache/vm/run/.
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
 cd "$LLMTUNE_ROOT"
