@@ -1,10 +1,11 @@
 """The test nodes' cache of code compiled from zip files, by the hash of its source.
 
 Ansible sends every module as a new zip (AnsiballZ) and Python compiles zipped sources at each import without
-keeping the result: about half of a module's CPU in a podman node, and under the VM's software emulation 2.3 of a
-stat task's 3.3 s (ansible.module_utils.basic and what it imports). The node image (scripts/build-node-image.sh) and
-the VM's (tests/vm/build-image.sh) install it with `python3 zip_code_cache.py ROOT`: a .pth file imports it at every
-start of python3 there; the modules themselves run unchanged.
+keeping the result: about half of a module's CPU in a podman node (ansible.module_utils.basic and what it imports).
+Mitogen's strategy sends no zips; the connection it does not take over (podman_pipelined: molecule fleet, and any run
+with ANSIBLE_STRATEGY=linear) does. The node image (scripts/build-node-image.sh) installs it with
+`python3 zip_code_cache.py ROOT`: a .pth file imports it at every start of python3 there; the modules themselves run
+unchanged.
 """
 import hashlib
 import marshal

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds a bootable Debian bookworm disk for the reboot scenario: raw disk, one MBR partition, ext4, GRUB
 # (i386-pc) on the disk, serial console, a swap file in fstab, systemd-networkd on DHCP, sshd.
-# Cached as .cache/vm/bookworm-<hash of this script and scripts/zip_code_cache.py>.raw; about 2 minutes when it has to be built.
+# Cached as .cache/vm/bookworm-<hash of this script>.raw; about 2 minutes when it has to be built.
 set -euo pipefail
 . "$(dirname "$0")/common.sh"
 
@@ -59,9 +59,6 @@ FSTAB
 dd if=/dev/zero of="$mnt/swapfile" bs=1M count="$swap_mb" status=none
 chmod 600 "$mnt/swapfile"
 mkswap -q "$mnt/swapfile"
-
-# Compiled module code kept between tasks (scripts/zip_code_cache.py): about half of each task's emulated CPU.
-python3 "$VM_SCRIPTS/../../scripts/zip_code_cache.py" "$mnt"
 
 echo llmtune-vm > "$mnt/etc/hostname"
 printf '127.0.0.1 localhost\n127.0.1.1 llmtune-vm\n' > "$mnt/etc/hosts"

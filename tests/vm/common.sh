@@ -7,9 +7,8 @@ VM_SCRIPTS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 export LLMTUNE_VM_DIR=${LLMTUNE_VM_DIR:-$LLMTUNE_CACHE/vm}
 # One run's files: disk overlay, SSH key, pidfile, serial log, port, logs.
 export LLMTUNE_VM_RUN=${LLMTUNE_VM_RUN:-$LLMTUNE_VM_DIR/run}
-# The base image is named after the hash of what builds it: changing either file rebuilds it.
-VM_BASE_IMAGE=$LLMTUNE_VM_DIR/bookworm-$(cat "$VM_SCRIPTS/build-image.sh" "$VM_SCRIPTS/../../scripts/zip_code_cache.py" |
-  sha256sum | cut -c1-12).raw
+# The base image is named after the hash of the script that builds it: changing it rebuilds the image.
+VM_BASE_IMAGE=$LLMTUNE_VM_DIR/bookworm-$(sha256sum <"$VM_SCRIPTS/build-image.sh" | cut -c1-12).raw
 # The SSH key pair made with the image (its public half in the image's authorized_keys), copied for each run.
 VM_BASE_KEY=$VM_BASE_IMAGE.id_ed25519
 VM_KEY=$LLMTUNE_VM_RUN/id_ed25519
