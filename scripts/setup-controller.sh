@@ -3,8 +3,8 @@
 # Ansible and the test tools, and the local node image. Safe to run again: each step skips when done.
 #   scripts/setup-controller.sh [--no-image|--ansible]
 #     --no-image: all but the node image (scripts/build-node-image.sh)
-#     --ansible: the Debian packages and a venv with Ansible (and its strategy, Mitogen) alone, enough to start the one-off builds
-#                (playbooks/wheelhouse.yml) while a second run without it installs the rest
+#     --ansible: the Debian packages and a venv with Ansible and its strategy (Mitogen) alone, enough to start the
+#                one-off builds (playbooks/wheelhouse.yml) while a second run without it installs the rest
 set -euo pipefail
 image=true ansible_only=false
 case "${1:-}" in
