@@ -5,7 +5,7 @@
 set -euo pipefail
 . "$(dirname "$0")/env.sh"
 
-script_hash=$(cat "${BASH_SOURCE[0]}" "$(dirname "$0")/zip_code_cache.py" | sha256sum | cut -c1-16)
+script_hash=$(sha256sum <"${BASH_SOURCE[0]}" | cut -c1-16)
 if [ "$(podman image inspect -f '{{ index .Config.Labels "llmtune.script" }}' "$LLMTUNE_IMAGE" 2>/dev/null)" = "$script_hash" ]; then
   echo "== image $LLMTUNE_IMAGE present"
   exit 0
@@ -27,8 +27,6 @@ cp "$rootfs/usr/share/grub/default/grub" "$rootfs/etc/default/grub"
 cat > "$rootfs/etc/apt/apt.conf.d/llmtune-clean" <<'APT'
 DPkg::Post-Invoke { "rm -f /var/cache/apt/archives/*.deb /var/cache/apt/archives/partial/*.deb || true"; };
 APT
-# Compiled module code kept between tasks (zip_code_cache.py): about half of each module's CPU in the node.
-python3 "$(dirname "$0")/zip_code_cache.py" "$rootfs"
 # An empty machine-id makes systemd generate one per container at first boot.
 : > "$rootfs/etc/machine-id"
 tar -C "$rootfs" -c . | podman import \

@@ -130,7 +130,6 @@ lint_log=$LLMTUNE_CACHE/lint.log
   for module in library/*.py roles/*/library/*.py; do
     ansible-doc -M "$(dirname "$module")" "$(basename "$module" .py)" >/dev/null
   done
-  ansible-doc -t connection podman_pipelined >/dev/null
 } >"$lint_log" 2>&1 &
 lint_pid=$!
 wait_lint() {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Bytes each node got in a rollout, as JSON by host: through Ansible's connection (the podman_pipelined transfer log:
-commands with the modules they send, files copied) and from the mirror (nginx's access log, combined format).
+"""Bytes each node got in a rollout, as JSON by host: files copied through Ansible's connection (the transfer log of
+connection_plugins/podman_counted.py) and fetched from the mirror (nginx's access log, combined format).
 
     transfers.py TRANSFER_LOG MIRROR_LOG [MIRROR_LOG_BEFORE] --address HOST=IP ...
 
@@ -23,7 +23,7 @@ def main():
     parser.add_argument("mirror_log_before", nargs="?")
     parser.add_argument("--address", action="append", default=[], help="HOST=IP of a node, as the mirror sees it")
     args = parser.parse_args()
-    hosts = collections.defaultdict(lambda: {"exec": 0, "put": 0, "mirror_bytes": 0, "mirror_requests": 0,
+    hosts = collections.defaultdict(lambda: {"put": 0, "mirror_bytes": 0, "mirror_requests": 0,
                                              "mirror_errors": 0})
     with open(args.transfer_log, encoding="utf-8") as log:
         for line in log:
