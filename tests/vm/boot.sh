@@ -76,6 +76,8 @@ start() {
     -chardev "file,id=console,path=$serial,append=on" -serial chardev:console \
     -display none -daemonize -pidfile "$pidfile" >"$LLMTUNE_VM_RUN/qemu.log" 2>&1 ||
     { cat "$LLMTUNE_VM_RUN/qemu.log" >&2; die "QEMU did not start"; }
+  # -daemonize makes a new session and so a new autogroup of the scheduler, weighed by its own nice: the caller's.
+  { echo "$(nice)" >"/proc/$(cat "$pidfile")/autogroup"; } 2>/dev/null || true
   wait_ssh
 }
 
