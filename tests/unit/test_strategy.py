@@ -54,7 +54,6 @@ def test_a_task_command_runs_on_every_cpu_of_the_controller(tmp_path):
     assert allowed.split(":")[1].strip() == cpu_list(os.sched_getaffinity(0))
 
 
-
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("podman") is None
                     or subprocess.run(["podman", "image", "exists", IMAGE], check=False).returncode != 0,
                     reason=f"needs root, podman and the node image {IMAGE} (scripts/build-node-image.sh)")

@@ -18,7 +18,8 @@ class Connection(MitogenPodman):
     def put_file(self, in_path, out_path):
         path = os.environ.get("LLMTUNE_TRANSFER_LOG")
         if path:
-            line = json.dumps({"host": self.get_task_var("inventory_hostname"), "kind": "put", "bytes": os.path.getsize(in_path)})
+            line = json.dumps({"host": self.get_task_var("inventory_hostname"), "kind": "put",
+                               "bytes": os.path.getsize(in_path)})
             # One write of one line: the workers of other hosts do not interleave.
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
             try:
