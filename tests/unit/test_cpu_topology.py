@@ -58,7 +58,7 @@ def assert_agrees_with_lscpu(result, fields):
 
 def test_every_machine_has_a_tree():
     assert ALL_TREES == ["arm-graviton3", "container-cgroup2", "epyc-1socket", "epyc-isolcpus", "epyc-slice-cpuset",
-                         "epyc-user-quota", "epyc-zen3-kvm-2vcpu", "intel-hybrid", "kvm-ci-vm", "kvm-socket-per-vcpu",
+                         "epyc-user-quota", "epyc-zen3-kvm-2vcpu", "epyc-zen4-kvm-2vcpu", "intel-hybrid", "kvm-ci-vm", "kvm-socket-per-vcpu",
                          "power9-lpar-memless", "qemu-2node", "xeon-2socket"]
 
 
@@ -453,6 +453,16 @@ def test_zen3_vm_with_avx2_alone():
     assert result["isa"] == {flag: flag == "avx2" for flag in cpu_topology.X86_ISA}
     assert (result["caches"]["l2_kib"], result["caches"]["l3_kib"]) == (512, 32768)
     assert (result["cpufreq"]["present"], result["cpuidle"]["driver"]) == (False, "none")
+    assert (result["recommended"]["cpus"], result["recommended"]["threads"]) == ([0, 1], 2)
+
+
+def test_zen4_vm_with_avx512_bf16_and_haltpoll():
+    """The 2-vCPU AMD EPYC of 2026-12-07 (family 25 model 17, Zen 4), captured: AVX-512 with bf16, haltpoll idle."""
+    result = facts("epyc-zen4-kvm-2vcpu")
+    assert (result["model_name"], result["physical_cores"], result["threads_per_core"]) == ("AMD EPYC", 2, 1)
+    assert result["isa"] == {flag: not flag.startswith("amx") for flag in cpu_topology.X86_ISA}
+    assert (result["caches"]["l2_kib"], result["caches"]["l3_kib"]) == (1024, 32768)
+    assert (result["cpufreq"]["present"], result["cpuidle"]["driver"]) == (False, "haltpoll")
     assert (result["recommended"]["cpus"], result["recommended"]["threads"]) == ([0, 1], 2)
 
 

@@ -21,6 +21,8 @@ SOURCE = os.path.join(FIXTURES, "llama.cpp-0.3.36")
     ("epyc-1socket", ["haswell"]),
     # Zen 3 EPYC (the machine of 2026-12-06): AVX2 only.
     ("epyc-zen3-kvm-2vcpu", ["haswell"]),
+    # Zen 4 EPYC (the machine of 2026-12-07): AVX-512 with VBMI, VNNI and BF16.
+    ("epyc-zen4-kvm-2vcpu", ["zen4"]),
     # Alder Lake: AVX-VNNI without AVX-512.
     ("intel-hybrid", ["alderlake"]),
     # Ice Lake Xeon: AVX-512 with VBMI and VNNI, no BF16.
