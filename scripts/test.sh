@@ -163,8 +163,10 @@ fi
 # The unit tests in two processes (pytest-xdist): a single one keeps one of the two CPUs busy.
 pytest_log=$LLMTUNE_CACHE/pytest.log
 step "unit tests$beside"
-python -m pytest tests/unit -q -m "not crosscheck" -n 2 >"$pytest_log" 2>&1 || { cat "$pytest_log"; exit 1; }
-tail -1 "$pytest_log"
+python -m pytest tests/unit -q -m "not crosscheck" -n 2 --durations=15 >"$pytest_log" 2>&1 ||
+  { cat "$pytest_log"; exit 1; }
+# Where their time goes: the slowest tests, then the verdict.
+sed -n '/slowest 15 durations/,$p' "$pytest_log"
 
 # --quick: the tuning roles, their drift check and rollback (about 5 minutes, no engine build); molecule default
 # (site.yml with the auto-tune stage, about 14 minutes) is the whole suite's.
