@@ -17,11 +17,13 @@ Usage:
 
 The output DIR loads offline with AutoTokenizer/AutoModelForCausalLM.from_pretrained(DIR) and
 `transformers serve DIR`. DIR/proxy.json records what was built; a second run with the same arguments and the same
-preset files does nothing (exit 0, "unchanged"), so playbooks may call it on every run.
+preset files does nothing (exit 0, "unchanged"), so playbooks may call it on every run, also at once: a second
+build of the same DIR waits for the first (a lock file DIR.lock beside it) and then finds it unchanged.
 Exit status: 0 built or unchanged, 2 bad arguments (unknown preset, --layers < 1).
 """
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -119,6 +121,15 @@ def read_marker(out):
 
 def build(args):
     """Build the proxy into args.out unless an identical one is there. Returns "built" or "unchanged"."""
+    out = os.path.abspath(args.out)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    # Two playbooks (molecule scenarios side by side) build the same proxy: the second reads a whole one.
+    with open(out + ".lock", "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build(args)
+
+
+def _build(args):
     preset, tok_spec, digest = load_preset(args.preset)
     marker = marker_for(args, digest)
     found = read_marker(args.out) or {}

@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -9,7 +10,7 @@ import pytest
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-from conftest import ROOT, build_proxy  # noqa: E402
+from conftest import BUILD_PROXY, PROXY_ENV, ROOT, build_proxy  # noqa: E402
 
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import build_proxy_model  # noqa: E402
@@ -46,6 +47,18 @@ def test_second_run_is_a_no_op(proxy_model_dir):
     assert again.returncode == 0, again.stderr
     assert again.stdout.startswith("unchanged: qwen3-0.6b proxy (2 layers, bfloat16, seed 0)")
     assert weights.stat().st_mtime_ns == before
+
+
+def test_two_builds_at_once_build_once(tmp_path):
+    """Two playbooks side by side (molecule scenarios) build the same proxy: the second waits and finds it built."""
+    out = tmp_path / "qwen3-test-tiny"
+    cmd = [sys.executable, BUILD_PROXY, "--preset", "qwen3-test-tiny", "--out", str(out)]
+    runs = [subprocess.Popen(cmd, env=PROXY_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(2)]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    assert sorted(stdout.split(":")[0] for stdout, _ in outputs) == ["built", "unchanged"], outputs
+    assert build_proxy_model.read_marker(str(out))["preset"] == "qwen3-test-tiny"
 
 
 def test_unknown_preset_fails_with_the_choices(tmp_path):
