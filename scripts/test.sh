@@ -39,9 +39,9 @@ disk_log=$LLMTUNE_CACHE/disk.tsv
 disk_start=$(disk_used_mb)
 disk_free=$(df -B1M --output=avail "$LLMTUNE_CACHE" | tail -1 | tr -d ' ')
 printf '== disk: %s MiB free for the cache (%s)\n' "$disk_free" "$LLMTUNE_CACHE"
-# The whole suite peaked 10543 MiB above its start in the clean-clone run of 46ab954 (the phase table's last column),
-# before molecule vllm (vLLM's wheels and their tar, 0.9 GB each; its 3.5 GB venv in the node); with less, fail now,
-# not an hour in (CI of 440d3e0 failed so, 2.3 GiB free, in pip install).
+# The whole suite peaks about 16000 MiB above its start (the phase table's last column), in the lanes: vLLM's wheels
+# and their tar, 0.9 GB each, and its 3.5 GB venv in the node; with less free, fail now, not an hour in at whichever
+# write comes next.
 disk_need=${LLMTUNE_DISK_NEED_MB:-18000}
 if ! $quick && [ "$disk_free" -lt "$disk_need" ]; then
   echo "== only $disk_free MiB free on the disk of $LLMTUNE_CACHE; the suite needs about $disk_need MiB (LLMTUNE_DISK_NEED_MB)" >&2
