@@ -615,9 +615,20 @@ def below_floor(row, reference, config):
     return out
 
 
+def later_start_only(row, reference, config):
+    """True where ROW falls below the validation's floor against REFERENCE only in its TTFT figures while its workload
+    score beats the reference's beyond the end-to-end floor (benchmark_fail_below's e2e_ms_p50, else 1.0)."""
+    figures = below_floor(row, reference, config)
+    floor = float((config.get("validation_floor") or {}).get("e2e_ms_p50", 1.0))
+    return (bool(figures) and all(figure.startswith("ttft_") for figure in figures)
+            and row.get("score_ms", 0) > 0 and reference.get("score_ms", 0) > 0
+            and row["score_ms"] < reference["score_ms"] * floor)
+
+
 def choose(rows, kept, config):
     """(chosen row, reason): the lowest score among the measured candidates within the memory budget, the latency
-    bounds and the quality gate. Rows disturbed by other processes (noisy) are shown and left out, unless every row
+    bounds, the quality gate and the validation's floor against the engine defaults (but for a later first token
+    alone, see later_start_only). Rows disturbed by other processes (noisy) are shown and left out, unless every row
     was: then the choice is among them, and the reason says so. A row of a later stage replaces KEPT (the setting kept
     so far) only when it scores lower by more than min_gain_percent: rows are measured minutes apart and the host
     drifts."""
@@ -634,9 +645,11 @@ def choose(rows, kept, config):
     refused = [row for row in pool if quality_refusal(row, config)]
     eligible = [row for row in pool if row not in over + slow + refused]
     # What the validation would fail against the untuned baseline, judged against the engine defaults' row (the same
-    # engine defaults, the same workload): left out while another row passes.
+    # engine defaults, the same workload): left out while another row passes. A later first token alone is the
+    # workload's trade, not a regression, where its score (the workload's whole latency) beats the engine defaults' by
+    # more than the end-to-end floor's margin: the reason then names it.
     reference = next((row for row in rows if not row.get("tuned") and row["status"] == "measured"), None)
-    worse = [row for row in eligible if below_floor(row, reference, config)]
+    worse = [row for row in eligible if below_floor(row, reference, config) and not later_start_only(row, reference, config)]
     if worse and len(worse) < len(eligible):
         eligible = [row for row in eligible if row not in worse]
     else:
@@ -660,7 +673,12 @@ def choose(rows, kept, config):
         reason += f", kept over {best['score_ms']} ms, within autotune_min_gain_percent ({config['min_gain_percent']} %) of it"
     if not quiet:
         reason += ", all measured under load (other processes kept CPUs busy during every row)"
-    return (kept if keep else best), reason
+    chosen = kept if keep else best
+    later = below_floor(chosen, reference, config)
+    if later:
+        reason += (f"; its first token later than the engine defaults' ({', '.join(later)}), its workload score "
+                   f"{chosen['score_ms']} ms against their {reference['score_ms']}")
+    return chosen, reason
 
 
 def unmeasured_engines(rows, engines):

@@ -404,15 +404,18 @@ def test_a_quantized_type_beyond_the_quality_bounds_is_measured_and_not_chosen()
         "bf16 (llama-perplexity, ? tokens scored): within the bounds."]
 
 
+FLOOR = {"decode_tokens_per_s": 0.85, "ttft_ms_p50": 0.85, "ttft_ms_p95": 0.8, "e2e_ms_p50": 0.85}
+
+
 def test_a_row_the_validation_would_fail_is_left_out_while_another_passes():
-    """The validation's floor (benchmark_fail_below) against the engine defaults' row: the AMX Xeon's llama.cpp bf16
-    decoded faster than transformers but took longer to its first token."""
-    floor = {"decode_tokens_per_s": 0.85, "ttft_ms_p50": 0.85, "ttft_ms_p95": 0.8, "e2e_ms_p50": 0.85}
+    """The validation's floor (benchmark_fail_below) against the engine defaults' row: a stack that decodes faster
+    but takes longer to its first token, and whose workload score is not beyond the end-to-end floor's margin better
+    (6000 ms against 6900 x 0.85 = 5865)."""
     base = {"tuned": True, "status": "measured", "noisy": False, "rss_mb": 900}
     reference = dict(base, tuned=False, ttft_ms_p50=607.0, ttft_ms_p95=650.0, decode_tokens_per_s=4.9, score_ms=6900.0)
-    slow_start = dict(base, score_ms=4300.0, ttft_ms_p50=1479.0, ttft_ms_p95=1520.0, decode_tokens_per_s=11.0)
-    passes = dict(base, score_ms=5100.0, ttft_ms_p50=560.0, ttft_ms_p95=600.0, decode_tokens_per_s=7.0)
-    cfg = dict(CHOICE, validation_floor=floor)
+    slow_start = dict(base, score_ms=6000.0, ttft_ms_p50=1479.0, ttft_ms_p95=1520.0, decode_tokens_per_s=11.0)
+    passes = dict(base, score_ms=6100.0, ttft_ms_p50=560.0, ttft_ms_p95=600.0, decode_tokens_per_s=7.0)
+    cfg = dict(CHOICE, validation_floor=FLOOR)
     assert at.below_floor(slow_start, reference, cfg) == ["ttft_ms_p50 0.41 < 0.85", "ttft_ms_p95 0.428 < 0.8"]
     chosen, reason = at.choose([reference, slow_start, passes], None, cfg)
     assert (chosen, reason) == (passes, "lowest workload score of 1 measured candidates, 1 below the validation's "
@@ -421,6 +424,32 @@ def test_a_row_the_validation_would_fail_is_left_out_while_another_passes():
     assert at.choose([reference, slow_start], None, cfg)[0] == slow_start
     # No engine defaults measured: nothing to judge by.
     assert at.choose([slow_start, passes], None, cfg)[0] == slow_start
+
+
+def test_a_later_first_token_is_chosen_where_the_whole_workload_is_faster_and_said():
+    """The demo's sweep on a 2-vCPU Zen 4 (AMD EPYC family 25 model 17), 128-token prompts and 32 output tokens: the
+    floor left out both llama.cpp rows for their first token (737 and 650 ms against transformers' 488) and served
+    transformers bf16 at a quarter of their decode speed, with no stream within the capacity targets."""
+    base = {"tuned": True, "status": "measured", "noisy": False, "rss_mb": 1800}
+    reference = dict(base, tuned=False, engine="transformers", ttft_ms_p50=488.356, ttft_ms_p95=500.79,
+                     decode_tokens_per_s=8.491, score_ms=4151.0)
+    q8_0 = dict(base, engine="llama_cpp", format="q8_0", gguf_type="q8_0", quality=Q8_0_FIGURES, score_ms=1655.1,
+                ttft_ms_p50=737.31, ttft_ms_p95=767.719, decode_tokens_per_s=33.79)
+    bf16 = dict(base, engine="llama_cpp", format="bf16", gguf_type="bf16", score_ms=1754.4, ttft_ms_p50=649.976,
+                ttft_ms_p95=655.201, decode_tokens_per_s=28.103)
+    transformers = dict(base, engine="transformers", score_ms=4133.8, ttft_ms_p50=520.595, ttft_ms_p95=558.918,
+                        decode_tokens_per_s=8.64)
+    cfg = dict(CHOICE, validation_floor=FLOOR)
+    assert at.later_start_only(q8_0, reference, cfg) and at.later_start_only(bf16, reference, cfg)
+    chosen, reason = at.choose([reference, q8_0, bf16, transformers], None, cfg)
+    assert chosen == q8_0
+    assert reason == ("lowest workload score of 3 measured candidates; its first token later than the engine "
+                      "defaults' (ttft_ms_p50 0.662 < 0.85, ttft_ms_p95 0.652 < 0.8), its workload score 1655.1 ms "
+                      "against their 4151.0")
+    # A slower decode is a regression whatever the score: still left out.
+    slow_decode = dict(q8_0, decode_tokens_per_s=7.0)
+    assert not at.later_start_only(slow_decode, reference, cfg)
+    assert at.choose([reference, slow_decode, transformers], None, cfg)[0] == transformers
 
 
 @pytest.mark.parametrize("margin, new_score, kept", [
