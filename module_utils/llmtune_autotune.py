@@ -649,7 +649,8 @@ def choose(rows, kept, config):
     # workload's trade, not a regression, where its score (the workload's whole latency) beats the engine defaults' by
     # more than the end-to-end floor's margin: the reason then names it.
     reference = next((row for row in rows if not row.get("tuned") and row["status"] == "measured"), None)
-    worse = [row for row in eligible if below_floor(row, reference, config) and not later_start_only(row, reference, config)]
+    worse = [row for row in eligible
+             if below_floor(row, reference, config) and not later_start_only(row, reference, config)]
     if worse and len(worse) < len(eligible):
         eligible = [row for row in eligible if row not in worse]
     else:
