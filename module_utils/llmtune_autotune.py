@@ -675,9 +675,9 @@ def choose(rows, kept, config):
     if not quiet:
         reason += ", all measured under load (other processes kept CPUs busy during every row)"
     chosen = kept if keep else best
-    later = below_floor(chosen, reference, config)
-    if later:
-        reason += (f"; its first token later than the engine defaults' ({', '.join(later)}), its workload score "
+    if later_start_only(chosen, reference, config):
+        reason += (f"; its first token later than the engine defaults' "
+                   f"({', '.join(below_floor(chosen, reference, config))}), its workload score "
                    f"{chosen['score_ms']} ms against their {reference['score_ms']}")
     return chosen, reason
 

@@ -450,6 +450,8 @@ def test_a_later_first_token_is_chosen_where_the_whole_workload_is_faster_and_sa
     slow_decode = dict(q8_0, decode_tokens_per_s=7.0)
     assert not at.later_start_only(slow_decode, reference, cfg)
     assert at.choose([reference, slow_decode, transformers], None, cfg)[0] == transformers
+    # Every row below the floor: the choice stands among them, and a slower decode is not called a later first token.
+    assert "first token" not in at.choose([reference, slow_decode], None, cfg)[1]
 
 
 @pytest.mark.parametrize("margin, new_score, kept", [
