@@ -294,3 +294,13 @@ def pytest_collect_file(file_path, parent):
             import torch._dynamo  # noqa: F401
         except ImportError:
             pass
+
+
+@pytest.fixture(autouse=True)
+def fresh_module_warnings():
+    """Ansible keeps a module's warnings and deprecations in globals that nothing empties: a module's process runs
+    once. Tests run modules in one process, so each starts with none, whichever test ran before it."""
+    from ansible.module_utils.common import warnings
+
+    warnings._global_warnings.clear()  # pylint: disable=protected-access
+    warnings._global_deprecations.clear()  # pylint: disable=protected-access
