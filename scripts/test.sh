@@ -104,10 +104,11 @@ molecule_test() {
 mkdir -p "$LLMTUNE_CACHE/vm"
 vm_log=$LLMTUNE_CACHE/vm/run.log
 vm_pid= vm_wall=
-# On a failure elsewhere, what still runs in the background, each started with setsid: its whole process group (the
-# VM run's EXIT trap then powers the VM off at once).
+# On a failure elsewhere, what still runs in the background, each started with setsid: its whole session, not only
+# its process group (timeout(1) puts its command in a group of its own: the VM's reboot ran on for minutes). The VM
+# run's EXIT trap then powers the VM off.
 stop_group() {
-  if [ -n "$1" ] && kill -0 "$1" 2>/dev/null; then kill -- "-$1"; wait "$1" || true; fi
+  if [ -n "$1" ] && kill -0 "$1" 2>/dev/null; then pkill -TERM -s "$1"; wait "$1" || true; fi
 }
 rollback_pid=
 trap 'stop_group "$rollback_pid"; stop_group "$vm_pid"; print_phases' EXIT
