@@ -89,18 +89,6 @@ print_phases() {
         awk -F'\t' '{printf "%s%s (%d s)", (NR > 1 ? "; " : ""), $1, $2}')"
   fi
 }
-step "controller set-up (one-off: apt packages, venv)"
-"$LLMTUNE_ROOT/scripts/setup-controller.sh" --no-image
-cd "$LLMTUNE_ROOT"
-# First, since it takes seconds: a style fault fails the run before the long builds, not after them.
-step "yamllint"; yamllint -s .
-# A scenario, with its slowest tasks listed at the end of each playbook: where its time goes.
-molecule_test() {
-  local started=$SECONDS rc=0
-  ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks PROFILE_TASKS_TASK_OUTPUT_LIMIT=15 molecule test -s "$1" || rc=$?
-  echo "== molecule $1: $((SECONDS - started)) s, rc $rc"
-  return "$rc"
-}
 mkdir -p "$LLMTUNE_CACHE/vm"
 vm_log=$LLMTUNE_CACHE/vm/run.log
 vm_pid= vm_wall=
@@ -110,8 +98,20 @@ vm_pid= vm_wall=
 stop_group() {
   if [ -n "$1" ] && kill -0 "$1" 2>/dev/null; then pkill -TERM -s "$1"; wait "$1" || true; fi
 }
-rollback_pid=
-trap 'stop_group "$rollback_pid"; stop_group "$vm_pid"; print_phases' EXIT
+compile_pid= rollback_pid=
+trap 'stop_group "$compile_pid"; stop_group "$rollback_pid"; stop_group "$vm_pid"; print_phases' EXIT
+cd "$LLMTUNE_ROOT"
+step "controller set-up (one-off: apt packages, venv)"
+"$LLMTUNE_ROOT/scripts/setup-controller.sh" --no-image
+# First, since it takes seconds: a style fault fails the run before the long builds, not after them.
+step "yamllint"; yamllint -s .
+# A scenario, with its slowest tasks listed at the end of each playbook: where its time goes.
+molecule_test() {
+  local started=$SECONDS rc=0
+  ANSIBLE_CALLBACKS_ENABLED=ansible.posix.profile_tasks PROFILE_TASKS_TASK_OUTPUT_LIMIT=15 molecule test -s "$1" || rc=$?
+  echo "== molecule $1: $((SECONDS - started)) s, rc $rc"
+  return "$rc"
+}
 beside=
 if ! $quick; then
   beside=" (beside the VM)"
@@ -146,17 +146,26 @@ if $quick; then
   wait_lint
 else
   # The node image's debootstrap waits on the mirror and the disk, as the VM's own image build does, so the two
-  # overlap; then molecule rollback, which needs no engine build. Both beside the compile, the longest one-off: after
-  # the image and the linters it ended 958 s in (clean-clone run of 812baf6), beside them 822 s in (of 8c86ce5).
+  # overlap; then molecule rollback, which needs no engine build. Both beside the compile: after it, they made the
+  # run two minutes longer.
   image_log=$LLMTUNE_CACHE/node-image.log
   setsid bash -c "'$LLMTUNE_ROOT/scripts/build-node-image.sh' >'$image_log' 2>&1 || exit 1
     $(declare -f molecule_test); molecule_test rollback" >"$LLMTUNE_CACHE/molecule-rollback.log" 2>&1 &
   rollback_pid=$!
   # The VM's service deploy needs the llama.cpp build, after its two tuning runs; if it gets there first, the
-  # build's lock makes it wait instead of building twice (in the clean-clone run of 25b6e9d the build took 2043 s
-  # beside the VM, whose single site.yml then waited 486 s for it). Below the VM's priority and above the rest.
-  step "wheelhouses: llama.cpp compile, transformers, vllm (one-off, beside: the VM, the node image, ansible-lint, molecule rollback)"
-  nice -n -5 ansible-playbook playbooks/wheelhouse.yml -e '{"wheelhouse_engines": ["llama_cpp", "transformers", "vllm"]}'
+  # build's lock makes it wait instead of building twice. The other engines' wheels are downloads: beside it, not
+  # after it. (Started as soon as Ansible was installed, the compile slowed the rest of the set-up, the VM started
+  # three minutes later, and its late phases slowed the unit tests: no time saved.)
+  compile_log=$LLMTUNE_CACHE/llama-cpp-build.log
+  echo "== llama.cpp compile in the background (log $compile_log)"
+  setsid ansible-playbook playbooks/wheelhouse.yml -e '{"wheelhouse_engines": ["llama_cpp"]}' >"$compile_log" 2>&1 &
+  compile_pid=$!
+  step "wheelhouses: transformers, vllm (one-off, beside: the llama.cpp compile, the VM, the node image, ansible-lint, molecule rollback)"
+  ansible-playbook playbooks/wheelhouse.yml -e '{"wheelhouse_engines": ["transformers", "vllm"]}'
+  step "waiting for the llama.cpp compile (beside: the VM, the node image, ansible-lint, molecule rollback)"
+  wait "$compile_pid" || { cat "$compile_log"; echo "== the llama.cpp compile failed"; exit 1; }
+  compile_pid=
+  tail -3 "$compile_log"
   beside=" (beside the VM, molecule rollback)"
   wait_lint
   until grep -qE '^== image .* (built|present)$' "$image_log"; do
