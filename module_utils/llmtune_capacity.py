@@ -96,13 +96,14 @@ def capacity_of(levels, targets, stopped, elapsed_s):
 
 # --- the engine's own batched figure (llama.cpp's tools/batched-bench) ---
 
-# llama-server options that llama-batched-bench does not take: what the server listens on, its slots, its web UI and
-# metrics endpoint, its key; the value count of each. Every other option (model, threads, context, batch sizes,
-# flash attention, cache types, load mode) is passed on as the service has it.
+# llama-server options that llama-batched-bench does not take: what the server listens on, its slots, its web UI,
+# metrics endpoint, key and prompt caches; the value count of each. Every other option (model, threads, context,
+# batch sizes, flash attention, cache types, load mode) is passed on as the service has it.
 SERVER_ONLY = {"--host": 1, "--port": 1, "--alias": 1, "-a": 1, "--parallel": 1, "-np": 1, "--no-webui": 0,
                "--metrics": 0, "--api-key": 1, "--api-key-file": 1, "--path": 1, "--timeout": 1, "-to": 1,
                "--threads-http": 1, "--slots": 0, "--no-slots": 0, "--props": 0, "--cont-batching": 0, "-cb": 0,
-               "--no-cont-batching": 0, "-nocb": 0, "--cache-reuse": 1, "--slot-save-path": 1}
+               "--no-cont-batching": 0, "-nocb": 0, "--cache-reuse": 1, "--slot-save-path": 1, "--cache-ram": 1,
+               "-cram": 1}
 
 
 def option_value(argv, names):

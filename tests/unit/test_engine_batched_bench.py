@@ -55,7 +55,8 @@ def test_the_command_is_the_units_llama_server_without_its_server_options():
     # Options that shape the computation follow; server-only ones, in either spelling, do not.
     (["--flash-attn", "on", "-b", "512", "--ubatch-size=256", "--load-mode", "mmap+mlock"],
      ["--flash-attn", "on", "-b", "512", "--ubatch-size=256", "--load-mode", "mmap+mlock"]),
-    (["--api-key-file", "/etc/llm-inference-engine.key", "--alias=m", "-np", "8", "--cache-reuse", "256"], []),
+    (["--api-key-file", "/etc/llm-inference-engine.key", "--alias=m", "-np", "8", "--cache-reuse", "256",
+      "--cache-ram", "0", "-cram=512"], []),
 ])
 def test_options_the_service_adds_follow_when_they_shape_the_computation(extra, kept):
     server = [f"{BUILD}/llama-server", "--model", "/m.gguf", "--port", "8000", "--ctx-size", "16384",
@@ -182,8 +183,8 @@ def test_a_real_sweep_beside_the_engines_own_batched_run(tiny_gguf, tmp_path):
     folder, gguf = llama_cpp_build()[0], tiny_gguf
     cpu = max(os.sched_getaffinity(0))
     server = [f"{folder}/llama-server", "--model", gguf, "--alias", "m", "--host", "127.0.0.1", "--port",
-              str(free_port()), "--parallel", "2", "--ctx-size", "2048", "--no-webui", "--threads", "1",
-              "--threads-batch", "1"]
+              str(free_port()), "--parallel", "2", "--ctx-size", "2048", "--no-webui", "--cache-ram", "0",
+              "--threads", "1", "--threads-batch", "1"]
     with llama_server(server, cpu, tmp_path / "server.log") as (url, pid):
         values = {name: spec.get("default") for name, spec in bench.ARGUMENT_SPEC.items()}
         values.update(url=url, model="m", server="llama_cpp", prompt_tokens=32, max_tokens=8, ignore_eos=True,

@@ -24,6 +24,9 @@ CASES = [
                                 "GRUB_CMDLINE_LINUX_DEFAULT, got: NOPE"),
     ({"inference_service_user": "root"}, "inference_service_user must be a system user name other than root"),
     ({"inference_service_max_output_tokens": 0}, "inference_service_max_output_tokens must be >= 1 (got 0)"),
+    # llama-server takes any negative --cache-ram as no bound.
+    ({"inference_service_llama_cpp_cache_ram_mib": -2},
+     "inference_service_llama_cpp_cache_ram_mib must be >= -1 (-1: no bound, 0: off) (got -2)"),
     # Written into the nftables rule that keeps local users off the engine.
     ({"inference_service_engine_firewall_users": ["root", "x } accept"]},
      "inference_service_engine_firewall_users must be a list of user names or uids"),
