@@ -94,12 +94,17 @@ vm_log=$LLMTUNE_CACHE/vm/run.log
 vm_pid= vm_wall=
 # On a failure elsewhere, what still runs in the background, each started with setsid: its whole session, not only
 # its process group (timeout(1) puts its command in a group of its own: the VM's reboot ran on for minutes). The VM
-# run's EXIT trap then powers the VM off.
+# run's EXIT trap powers the VM off; so does this, since QEMU (daemonized, a session of its own) once outlived it.
 stop_group() {
   if [ -n "$1" ] && kill -0 "$1" 2>/dev/null; then pkill -TERM -s "$1"; wait "$1" || true; fi
 }
+stop_vm() {
+  [ -n "$vm_pid" ] || return 0
+  stop_group "$vm_pid"
+  tests/vm/boot.sh stop >/dev/null 2>&1 || true
+}
 compile_pid= rollback_pid=
-trap 'stop_group "$compile_pid"; stop_group "$rollback_pid"; stop_group "$vm_pid"; print_phases' EXIT
+trap 'stop_group "$compile_pid"; stop_group "$rollback_pid"; stop_vm; print_phases' EXIT
 cd "$LLMTUNE_ROOT"
 step "controller set-up (one-off: apt packages, venv)"
 "$LLMTUNE_ROOT/scripts/setup-controller.sh" --no-image

@@ -12,6 +12,9 @@ timings=()
 
 summary() {
   local rc=$? pid cpu=
+  # A TERM that came during the last phase runs its trap at the next command, which would end this one before the
+  # VM is off (a stopped test command left its QEMU running): the power-off goes first.
+  trap '' TERM INT
   # The emulator's CPU time (every vCPU and the translation): what the VM takes from the work beside it.
   pid=$(cat "$LLMTUNE_VM_RUN/qemu.pid" 2>/dev/null) &&
     cpu=$(awk -v t="$(getconf CLK_TCK)" '{printf "%.0f", ($14 + $15) / t}' "/proc/$pid/stat" 2>/dev/null)
