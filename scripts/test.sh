@@ -95,16 +95,16 @@ vm_pid= vm_wall=
 # On a failure elsewhere, what still runs in the background, each started with setsid: its whole session, not only
 # its process group (timeout(1) puts its command in a group of its own: the VM's reboot ran on for minutes). The VM
 # run's EXIT trap powers the VM off; so does this, since QEMU (daemonized, a session of its own) once outlived it.
-stop_group() {
+stop_session() {
   if [ -n "$1" ] && kill -0 "$1" 2>/dev/null; then pkill -TERM -s "$1"; wait "$1" || true; fi
 }
 stop_vm() {
   [ -n "$vm_pid" ] || return 0
-  stop_group "$vm_pid"
+  stop_session "$vm_pid"
   tests/vm/boot.sh stop >/dev/null 2>&1 || true
 }
-compile_pid= rollback_pid=
-trap 'stop_group "$compile_pid"; stop_group "$rollback_pid"; stop_vm; print_phases' EXIT
+rollback_pid=
+trap 'stop_session "$rollback_pid"; stop_vm; print_phases' EXIT
 cd "$LLMTUNE_ROOT"
 step "controller set-up (one-off: apt packages, venv)"
 "$LLMTUNE_ROOT/scripts/setup-controller.sh" --no-image
@@ -158,19 +158,10 @@ else
     $(declare -f molecule_test); molecule_test rollback" >"$LLMTUNE_CACHE/molecule-rollback.log" 2>&1 &
   rollback_pid=$!
   # The VM's service deploy needs the llama.cpp build, after its two tuning runs; if it gets there first, the
-  # build's lock makes it wait instead of building twice. The other engines' wheels are downloads: beside it, not
-  # after it. (Started as soon as Ansible was installed, the compile slowed the rest of the set-up, the VM started
-  # three minutes later, and its late phases slowed the unit tests: no time saved.)
-  compile_log=$LLMTUNE_CACHE/llama-cpp-build.log
-  echo "== llama.cpp compile in the background (log $compile_log)"
-  setsid ansible-playbook playbooks/wheelhouse.yml -e '{"wheelhouse_engines": ["llama_cpp"]}' >"$compile_log" 2>&1 &
-  compile_pid=$!
-  step "wheelhouses: transformers, vllm (one-off, beside: the llama.cpp compile, the VM, the node image, ansible-lint, molecule rollback)"
-  ansible-playbook playbooks/wheelhouse.yml -e '{"wheelhouse_engines": ["transformers", "vllm"]}'
-  step "waiting for the llama.cpp compile (beside: the VM, the node image, ansible-lint, molecule rollback)"
-  wait "$compile_pid" || { cat "$compile_log"; echo "== the llama.cpp compile failed"; exit 1; }
-  compile_pid=
-  tail -3 "$compile_log"
+  # build's lock makes it wait instead of building twice. Below the VM's priority and above the rest. (The machine is
+  # CPU-bound here: the other wheelhouses beside the compile, or the compile beside the set-up, saved no time.)
+  step "wheelhouses: llama.cpp compile, transformers, vllm (one-off, beside: the VM, the node image, ansible-lint, molecule rollback)"
+  nice -n -5 ansible-playbook playbooks/wheelhouse.yml -e '{"wheelhouse_engines": ["llama_cpp", "transformers", "vllm"]}'
   beside=" (beside the VM, molecule rollback)"
   wait_lint
   until grep -qE '^== image .* (built|present)$' "$image_log"; do
