@@ -9,7 +9,8 @@ Runs the command in its own process group with the default stdout callback and c
 inside a handler's restart is the case that leaves a stale service, and the JSON callback, whose report gives
 ``--tasks`` in the molecule scenarios, records handlers as tasks). At the K-th of them (K drawn uniformly from 1 to N with
 ``--seed``, or a fresh seed), it waits a random 0-2 s, so the kill lands inside the task rather than at its start,
-and sends SIGKILL to the whole group: no handler, rescue or ``always`` runs, as with a real kill.
+and sends SIGKILL to the whole group: no handler, rescue or ``always`` runs, as with a real kill. Descendants that left
+the group (Mitogen's mux process, in a session of its own) get SIGKILL too, so no test leaves them behind.
 
 N is ``--tasks``; or, with ``--tasks-from-check``, the task headers of that play in a run of the same command with
 ``--check`` first (what roles include at run time is counted; a task that check mode steers elsewhere may make N
@@ -21,6 +22,7 @@ Exits 0 when the run was killed, 1 when it ended first.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -32,6 +34,16 @@ import time
 
 TASK = re.compile(r"^(?:TASK|RUNNING HANDLER) \[(.*)\] \*+$")
 PLAY = re.compile(r"^PLAY \[(.*)\] \*+$")
+
+
+def process_tree(pid):
+    """PID and its live descendants: module_utils/llmtune_cpuload.py's, loaded from its file, since the tests import
+    this script and a module_utils folder on their sys.path would shadow library/'s modules of the same name."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "module_utils", "llmtune_cpuload.py")
+    spec = importlib.util.spec_from_file_location("llmtune_cpuload", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.process_tree(pid)
 
 
 def listed_tasks(command, play):
@@ -103,7 +115,13 @@ def main():
         if seen == target:
             task = name
             time.sleep(delay)
+            tree = process_tree(proc.pid)
             os.killpg(proc.pid, signal.SIGKILL)
+            for pid in tree[1:]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             break
     rc = proc.wait()
     proc.stdout.close()

@@ -100,3 +100,14 @@ def test_the_last_task_of_the_report_is_killed(playbook):
     assert (proc.returncode, result["task"], result["seen"], result["rc"]) == (0, "Handler that sleeps", total, -9)
     # Killed inside the handler's 30 s sleep, not after it.
     assert result["killed_after_s"] < 25
+    # Nothing of the run outlives it: Mitogen's mux, a fork of ansible-playbook in a session of its own, stayed
+    # behind after the group's SIGKILL, one more idle process per test run.
+    assert [pid for pid in os.listdir("/proc") if pid.isdigit() and playbook[-1] in cmdline(pid)] == []
+
+
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
