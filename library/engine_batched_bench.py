@@ -204,8 +204,12 @@ rows:
 comparison:
   description: Per level of O(service_levels), C(concurrency), C(service_tokens_per_s), C(engine_tokens_per_s),
     C(engine_decode_tokens_per_s) (decode alone), C(gap_percent) (100 x (1 - service / engine); negative when the
-    service was faster), C(verdict) (C(within), C(beyond) or C(not measured)) and C(reason), what the gap comes from
-    when it is beyond O(max_gap_percent).
+    service was faster), C(verdict) (C(within), C(beyond) or C(not measured)), C(reason), what the gap comes from
+    when it is beyond O(max_gap_percent), and C(phases), the prefill and the decode apart (null when not measured).
+    C(prefill) has C(service_tokens_per_s) (the engine's own timing of the served prompts, null where it reports
+    none), C(client_tokens_per_s) (prompt tokens over TTFT p50), C(engine_tokens_per_s) (the row's C(speed_pp)),
+    C(ratio) and C(client_ratio); C(decode) has C(service_tokens_per_s) (the requests' median per stream),
+    C(engine_tokens_per_s) (C(speed_tg) / B) and C(ratio).
   returned: success
   type: list
   elements: dict

@@ -490,6 +490,12 @@ levels:
       description: Mean prompt tokens the engine reports it reused from its cache (C(timings.cache_n)); null
         when the engine reports no counter.
       type: float
+    engine_prefill_tokens_per_s:
+      description: Prompt tokens/s of the engine's own prefill timing, the evaluated prompt tokens of all requests
+        over their prefill milliseconds (llama.cpp's C(timings.prompt_n) and C(timings.prompt_ms)); the prefill
+        without HTTP, chat template, queueing or the first decode step that TTFT holds. Null when the engine
+        reports no timing.
+      type: float
     cpu:
       description: CPU use during the level, in CPUs (1.0 = one CPU busy the whole time), from C(/proc/stat).
       type: dict
@@ -979,6 +985,7 @@ def stream_request(url, model, prompt, params):
         "prompt_tokens": usage.get("prompt_tokens") if usage else None,
         "prompt_evaluated": timings.get("prompt_n") if timings else None,
         "prompt_cached": timings.get("cache_n") if timings else None,
+        "prompt_ms": timings.get("prompt_ms") if timings else None,
         "itl_ms": [(b - a) * 1000.0 for a, b in zip(deltas, deltas[1:])],
     }
     decode_ms = sample["e2e_ms"] - sample["ttft_ms"]
@@ -999,6 +1006,15 @@ def _attempt(url, model, prompt, params):
 def _mean_of(results, key):
     values = [r[key] for r in results if r.get(key) is not None]
     return round(statistics.fmean(values), 1) if values else None
+
+
+def engine_prefill_rate(results):
+    """Prompt tokens/s of the engine's own prefill timing (llama.cpp's timings.prompt_n over timings.prompt_ms),
+    summed over RESULTS that report both; None when none does."""
+    timed = [r for r in results if r.get("prompt_evaluated") and r.get("prompt_ms")]
+    if not timed:
+        return None
+    return round(1000.0 * sum(r["prompt_evaluated"] for r in timed) / sum(r["prompt_ms"] for r in timed), 3)
 
 
 def engine_pids(params):
@@ -1144,6 +1160,7 @@ def level_figures(results, wall, cpu, concurrency, params):
         "prompt_tokens_mean": _mean_of(ok, "prompt_tokens"),
         "prompt_tokens_evaluated_mean": _mean_of(ok, "prompt_evaluated"),
         "prompt_tokens_cached_mean": _mean_of(ok, "prompt_cached"),
+        "engine_prefill_tokens_per_s": engine_prefill_rate(ok),
         "cpu": cpu,
         "noisy": is_noisy(cpu, params["busy_limit"]),
         "output_tokens_per_s": round(output_tokens / wall, 3),

@@ -226,11 +226,33 @@ def engine_output_rate(row):
     return round(row["pl"] * (row["tg"] + 1) / row["t"], 3)
 
 
+def _ratio(service, engine):
+    return round(service / engine, 3) if service and engine else None
+
+
+def phase_ratios(level, row):
+    """The service's prefill and decode against the engine's own run ROW at the same streams, each as a ratio:
+    prefill by the engine's own timing of the served prompts (RV(levels[].engine_prefill_tokens_per_s) of
+    inference_benchmark) and as a client sees it (prompt tokens over TTFT p50, which also holds HTTP, the chat
+    template, queueing and the first decode step), against ROW's prefill (B prompts over T_PP); decode per stream
+    (the requests' median) against ROW's lockstep decode per stream (S_TG / B)."""
+    prompt, ttft = level.get("prompt_tokens_mean"), (level.get("ttft_ms") or {}).get("p50")
+    client = round(1000.0 * prompt / ttft, 3) if prompt and ttft else None
+    engine_pp, engine_tg = round(row["speed_pp"], 3), round(row["speed_tg"] / row["pl"], 3)
+    service_pp = level.get("engine_prefill_tokens_per_s")
+    service_tg = (level.get("decode_tokens_per_s") or {}).get("p50")
+    return {"prefill": {"service_tokens_per_s": service_pp, "client_tokens_per_s": client,
+                        "engine_tokens_per_s": engine_pp, "ratio": _ratio(service_pp, engine_pp),
+                        "client_ratio": _ratio(client, engine_pp)},
+            "decode": {"service_tokens_per_s": service_tg, "engine_tokens_per_s": engine_tg,
+                       "ratio": _ratio(service_tg, engine_tg)}}
+
+
 def compare_with_engine(levels, rows, slots, limit_percent, engine_noisy=False, tool="llama-batched-bench"):
     """Per level of the sweep: the service's aggregate output tokens/s against the engine's own at the same number of
     streams (RV of engine_batched_bench, comparison[]): gap_percent = 100 x (1 - service / engine), verdict
-    within (|gap| at most LIMIT_PERCENT), beyond or not measured, and the reason of a gap beyond it (ENGINE_NOISY:
-    other processes took CPU time from the engine's own run, TOOL)."""
+    within (|gap| at most LIMIT_PERCENT), beyond or not measured, the reason of a gap beyond it (ENGINE_NOISY:
+    other processes took CPU time from the engine's own run, TOOL), and the prefill and decode apart (phase_ratios)."""
     by_streams = {row["pl"]: row for row in rows}
     out = []
     for level in levels:
@@ -238,7 +260,8 @@ def compare_with_engine(levels, rows, slots, limit_percent, engine_noisy=False, 
         entry = {"concurrency": count, "service_tokens_per_s": level["output_tokens_per_s"],
                  "engine_tokens_per_s": engine_output_rate(row) if row else None,
                  "engine_decode_tokens_per_s": round(row["speed_tg"], 3) if row else None,
-                 "gap_percent": None, "verdict": "not measured", "reason": None}
+                 "gap_percent": None, "verdict": "not measured", "reason": None,
+                 "phases": phase_ratios(level, row) if row else None}
         if row:
             gap = 100.0 * (1 - level["output_tokens_per_s"] / entry["engine_tokens_per_s"])
             entry["gap_percent"] = round(gap, 1) + 0.0  # no -0.0
@@ -355,4 +378,18 @@ def engine_sentence(engine, engine_name):
     if beyond:
         text += "; beyond it at " + "; ".join(f"{streams(entry['concurrency'])} ({entry['gap_percent']} %: "
                                              f"{entry['reason']})" for entry in beyond)
-    return text + "."
+    return text + "." + phases_sentence(comparison, tool)
+
+
+def phases_sentence(comparison, tool):
+    """' At one stream, ...': the first level's prefill and decode against TOOL's, or '' when it was not measured."""
+    entry = next((entry for entry in comparison if entry.get("phases")), None)
+    if entry is None:
+        return ""
+    prefill, decode = entry["phases"]["prefill"], entry["phases"]["decode"]
+    own = (f"{prefill['service_tokens_per_s']} tokens/s by the engine's own timing, {prefill['ratio']} of "
+           f"{tool}'s {prefill['engine_tokens_per_s']}; " if prefill["ratio"] else "")
+    return (f" At {streams(entry['concurrency'])}, prefill {own}{prefill['client_tokens_per_s']} tokens/s as the "
+            f"client sees it (prompt over TTFT p50, which holds HTTP, the chat template and the first decode step "
+            f"too), {prefill['client_ratio']} of it; decode {decode['service_tokens_per_s']} tokens/s per stream, "
+            f"{decode['ratio']} of {tool}'s {decode['engine_tokens_per_s']}.")

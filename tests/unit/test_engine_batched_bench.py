@@ -137,6 +137,14 @@ def test_the_service_compared_with_the_engine_level_by_level():
     # The engine's figure is its rows': B x (TG + 1) output tokens over the prefill and the decode.
     row = rows[3]
     assert comparison[3]["engine_tokens_per_s"] == round(8 * 32 / (row["t_pp"] + row["t_tg"]), 3)
+    # One stream, the phases apart: 136 prompt tokens over TTFT p50 72.955 ms against the engine's 136 in 65.7 ms;
+    # the requests' median decode 55.001 against 59.357. This sweep predates the engine's own prefill timing.
+    assert comparison[0]["phases"] == {
+        "prefill": {"service_tokens_per_s": None, "client_tokens_per_s": 1864.163, "engine_tokens_per_s": 2068.504,
+                    "ratio": None, "client_ratio": 0.901},
+        "decode": {"service_tokens_per_s": 55.001, "engine_tokens_per_s": 59.357, "ratio": 0.927}}
+    # Eight streams: the engine's decode per stream is its lockstep S_TG over 8.
+    assert comparison[3]["phases"]["decode"]["engine_tokens_per_s"] == round(row["speed_tg"] / 8, 3)
 
 
 @pytest.mark.parametrize("gap, slots, errors, reason", [
@@ -212,6 +220,10 @@ def test_a_real_sweep_beside_the_engines_own_batched_run(tiny_gguf, tmp_path):
     assert used > 0.2
     assert result["cpu"]["engine"] * result["seconds"] == pytest.approx(used, rel=0.1, abs=0.1)
     assert [entry["concurrency"] for entry in result["comparison"]] == [1, 2, 4]
+    # llama-server timed each prompt's prefill itself: the phases compare it with the engine's own prefill.
+    first = result["comparison"][0]["phases"]["prefill"]
+    assert sweep["levels"][0]["engine_prefill_tokens_per_s"] == first["service_tokens_per_s"] > 0
+    assert first["ratio"] == round(first["service_tokens_per_s"] / round(result["rows"][0]["speed_pp"], 3), 3)
     for entry, level, row in zip(result["comparison"], sweep["levels"], result["rows"]):
         assert entry["service_tokens_per_s"] == level["output_tokens_per_s"]
         assert entry["engine_tokens_per_s"] == round(row["pl"] * 8 / row["t"], 3)

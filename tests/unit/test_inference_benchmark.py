@@ -466,6 +466,15 @@ def test_cache_hit_counts_only_more_than_the_template_opening(cached, evaluated,
     assert bench.cache_hit(level) is hit
 
 
+def test_the_engines_prefill_rate_sums_the_timed_prompts():
+    """llama-server's timings of two requests (prompt_n, prompt_ms) and a request without them (a transformers
+    server): the tokens over the milliseconds of the timed ones."""
+    results = [{"prompt_evaluated": 139, "prompt_ms": 700.0}, {"prompt_evaluated": 1, "prompt_ms": 20.0},
+               {"prompt_evaluated": None, "prompt_ms": None}]
+    assert bench.engine_prefill_rate(results) == round(140 / 0.72, 3)
+    assert bench.engine_prefill_rate(results[2:]) is None
+
+
 def test_synthetic_prompts_start_with_different_words():
     firsts = [bench.synthetic_prompt(4, i).split()[0] for i in range(len(bench.SYNTHETIC_WORDS))]
     assert len(set(firsts)) == len(bench.SYNTHETIC_WORDS)
