@@ -154,6 +154,13 @@ report:
   description: The sweep table as Markdown.
   returned: actions start (when it holds) and finish
   type: str
+served_capacity:
+  description:
+    - The capacity stage's sweep of the served setting, as the benchmark role keeps a sweep of its own (C(engine),
+      C(result), the sweep, and C(engine_batched), the engine's own batched figure), for the validation's report;
+      an empty dict when the stage measured none.
+  returned: actions start (when it holds) and finish
+  type: dict
 """
 
 import datetime
@@ -163,7 +170,8 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmtune_autotune import (SweepError, changed_inputs, deploy_errors, inputs_of, new_state,
-                                                   next_row, record, report_markdown, result_of, sweep_config)
+                                                   next_row, record, report_markdown, result_of, served_capacity,
+                                                   sweep_config)
 from ansible.module_utils.llmtune_cpuload import tree_kib
 from ansible.module_utils.llmtune_state import write_atomic
 
@@ -205,7 +213,7 @@ def start(params):
     errors = deploy_errors(stored.get("chosen"), params["service_argument_spec"] or {}) if stored else []
     if stored and not changed and not errors and not params["remeasure"]:
         baseline = baseline_summary(params["baseline_path"])
-        return {"holds": True, "result": stored, "changed_inputs": [],
+        return {"holds": True, "result": stored, "changed_inputs": [], "served_capacity": served_capacity(stored),
                 "report": report_markdown(stored, params["host"], params["cpu_model"], baseline),
                 "message": (f"autotune: the stored result holds ({params['state_path']}, measured "
                             f"{stored.get('finished', '?')}; CPU, model, engines, allowed stacks and workload unchanged; "
@@ -237,7 +245,7 @@ def finish(params, check_mode=False):
     if not check_mode:
         os.makedirs(os.path.dirname(params["state_path"]) or ".", exist_ok=True)
         write_atomic(params["state_path"], json.dumps(result, indent=2, ensure_ascii=False) + "\n")
-    return {"changed": True, "result": result, "report": report}, None
+    return {"changed": True, "result": result, "report": report, "served_capacity": served_capacity(result)}, None
 
 
 def discard(params, check_mode=False):

@@ -119,6 +119,15 @@ def served_setting(result):
     return dict(chosen, **((result.get("capacity") or {}).get("serve") or {}))
 
 
+def served_capacity(result):
+    """The capacity stage's sweep of a stored RESULT's served setting in the benchmark role's shape (engine, result,
+    engine_batched: what its validation keeps of a sweep of its own), or {} when the stage measured none."""
+    record = (result or {}).get("capacity") or {}
+    if record.get("status") != "measured":
+        return {}
+    return {"engine": record["engine"], "result": record["sweep"], "engine_batched": record.get("engine_batched") or {}}
+
+
 # --- what a sweep depends on ---------------------------------------------------------------------------------------
 
 # The operator's choices a sweep reads (the autotune_* variables and the benchmark's twin and settle settings).

@@ -246,6 +246,43 @@ def test_the_controller_summary_gives_each_hosts_capacity(recorded):
 VALIDATE = "roles/benchmark/tasks/validate.yml"
 
 
+def test_the_validation_reports_the_capacity_the_auto_tune_measured():
+    """The demo's auto-tune measured its choice at 2 streams and sized the service with it; the validation ran no sweep
+    of its own (benchmark_capacity off) and its summary gave the capacity as '-'. site.yml now passes the auto-tune's
+    sweep of the served setting, and the summary gives it."""
+    from ansible.module_utils.llmtune_autotune import served_capacity
+
+    with open(os.path.join(FIXTURES, "autotune", "autotune-demo-capacity.json"), encoding="utf-8") as handle:
+        stored = json.load(handle)
+    measured = served_capacity(stored)
+    assert (measured["engine"], measured["result"]["capacity"]["concurrency"]) == ("llama_cpp", 2)
+    assert measured["engine_batched"]["rows"][0]["pl"] == 1
+    start = task(VALIDATE, "Start with the capacity measured before")
+    capacity = render_tree(start["ansible.builtin.set_fact"]["__benchmark_capacity"],
+                           **task_vars(start, benchmark_capacity_measured=measured))
+    text = render_template_file("roles/benchmark/templates/summary.md.j2", ansible_play_hosts=["node1"],
+                                hostvars={"node1": {"__benchmark_capacity": capacity,
+                                                    "__benchmark_result": {"summary": {}}}})
+    row = next(line for line in text.splitlines() if line.startswith("| node1"))
+    assert row.split(" | ")[-2:] == ["2", "19.065 |"]
+    # The site.yml wiring: the validation gets the auto-tune's fact.
+    site = load("site.yml")
+    rollout = next(play for play in site if play.get("name") == "Roll out in batches")
+    validate = next(t for t in walk_tasks(rollout["tasks"]) if t.get("name") == "Validate the gain")
+    assert render(validate["vars"]["benchmark_capacity_measured"], autotune_served_capacity=measured) == measured
+    assert render(validate["vars"]["benchmark_capacity_measured"]) == {}  # llmtune_autotune=false
+    # A stage that did not measure (failed, off, or a result stored before it existed) gives nothing.
+    assert served_capacity(dict(stored, capacity=dict(stored["capacity"], status="failed"))) == {}
+    assert served_capacity({"chosen": stored["chosen"]}) == {}
+
+
+def walk_tasks(tasks):
+    for tsk in tasks:
+        yield tsk
+        for key in ("block", "rescue", "always"):
+            yield from walk_tasks(tsk.get(key) or [])
+
+
 def test_the_sweeps_settings_are_part_of_the_validations_fingerprint_only_when_it_runs():
     """Off (the default), the fingerprint is what it was before the sweep existed: stored validations stand."""
     tsk = task(VALIDATE, "Decide whether the stored validation stands")
