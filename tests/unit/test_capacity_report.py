@@ -11,6 +11,7 @@ import pytest
 
 from ansible.module_utils import llmtune_capacity as cap  # noqa: E402
 from conftest import FIXTURES, ROOT, read  # noqa: E402
+from test_site_tags import tasks_of  # noqa: E402
 from test_jinja_expressions import (condition, load, plugins, render, render_template_file, render_tree,  # noqa: E402,F401
                                     task, task_vars)
 
@@ -268,19 +269,12 @@ def test_the_validation_reports_the_capacity_the_auto_tune_measured():
     # The site.yml wiring: the validation gets the auto-tune's fact.
     site = load("site.yml")
     rollout = next(play for play in site if play.get("name") == "Roll out in batches")
-    validate = next(t for t in walk_tasks(rollout["tasks"]) if t.get("name") == "Validate the gain")
+    validate = next(t for t in tasks_of(rollout["tasks"]) if t.get("name") == "Validate the gain")
     assert render(validate["vars"]["benchmark_capacity_measured"], autotune_served_capacity=measured) == measured
     assert render(validate["vars"]["benchmark_capacity_measured"]) == {}  # llmtune_autotune=false
     # A stage that did not measure (failed, off, or a result stored before it existed) gives nothing.
     assert served_capacity(dict(stored, capacity=dict(stored["capacity"], status="failed"))) == {}
     assert served_capacity({"chosen": stored["chosen"]}) == {}
-
-
-def walk_tasks(tasks):
-    for tsk in tasks:
-        yield tsk
-        for key in ("block", "rescue", "always"):
-            yield from walk_tasks(tsk.get(key) or [])
 
 
 def test_the_sweeps_settings_are_part_of_the_validations_fingerprint_only_when_it_runs():
