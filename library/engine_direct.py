@@ -21,7 +21,8 @@ description:
     slice's quota or cpuset) as the service, not those of the Ansible login's session the module runs in.
   - It waits until C(http://127.0.0.1:PORT) answers O(health_path) with HTTP 200, or fails with the last lines
     of the process's output. The process runs in its own session, so it outlives the module; its PID is kept
-    in O(pid_file), and O(state=stopped) ends it (SIGTERM to its process group, SIGKILL after O(timeout_stop)).
+    in O(pid_file), and O(state=stopped) ends it (SIGTERM to its process group, SIGKILL after O(timeout_stop))
+    and returns once every process of the group has ended, so its memory and port are free again.
   - The service itself is left as it is; stop it first when both must not share the CPUs.
   - While the service runs, the twin loads a second copy of the weights. It is started only when C(MemAvailable)
     (C(/proc/meminfo), Documentation/filesystems/proc.rst) exceeds the service's resident memory (C(VmRSS) of its
@@ -60,7 +61,7 @@ options:
     default: 600
   timeout_stop:
     description:
-      - Seconds between SIGTERM and SIGKILL when stopping.
+      - Seconds between SIGTERM and SIGKILL when stopping, and the most to wait for the end after SIGKILL.
     type: float
     default: 30
   memory_margin_mb:
@@ -208,19 +209,38 @@ def read_pid(pid_file):
     return None if state in ("Z", "X") else pid
 
 
+def group_running(pgid):
+    """PIDs of the processes of group PGID that still run (a zombie has ended)."""
+    running = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
+                state, _ppid, group = handle.read().rsplit(")", 1)[1].split()[:3]
+        except (OSError, ValueError):
+            continue
+        if int(group) == pgid and state not in ("Z", "X"):
+            running.append(int(entry))
+    return running
+
+
 def stop(pid_file, timeout):
-    """End the twin of PID_FILE (its whole process group); True when one was running."""
+    """End the twin of PID_FILE, its whole process group: SIGTERM, then SIGKILL after TIMEOUT seconds; returns
+    only when every process of the group has ended, True when one was running."""
     pid = read_pid(pid_file)
     if pid is not None:
-        try:
-            os.killpg(pid, signal.SIGTERM)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(pid, sig)
+            except ProcessLookupError:
+                break
             deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline and read_pid(pid_file) is not None:
+            while group_running(pid) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            if read_pid(pid_file) is not None:
-                os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            if not group_running(pid):
+                break
+        else:
+            # Only a process stuck in the kernel (state D) outlives SIGKILL; its PID file stays for the next stop.
+            raise DirectError(f"the twin's process group {pid} still runs {timeout} s after SIGKILL")
     try:
         os.unlink(pid_file)
     except FileNotFoundError:
@@ -307,7 +327,10 @@ def main():
     if params["state"] == "stopped":
         running = read_pid(params["pid_file"]) is not None
         if not module.check_mode:
-            stop(params["pid_file"], params["timeout_stop"])
+            try:
+                stop(params["pid_file"], params["timeout_stop"])
+            except DirectError as error:
+                module.fail_json(msg=str(error))
         module.exit_json(changed=running)
     if module.check_mode:
         module.exit_json(changed=True)

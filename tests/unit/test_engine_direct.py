@@ -1,6 +1,8 @@
 """library/engine_direct.py: the service's command read from real `systemctl show` output, and a real twin run."""
 
 import os
+import subprocess
+import time
 import urllib.request
 
 import pytest
@@ -96,6 +98,30 @@ def test_twin_runs_the_real_engine_pinned_with_the_units_environment(tiny_proxy_
     with open(f"/proc/{result['pid']}/stat", encoding="ascii") as handle:
         assert handle.read().rsplit(")", 1)[1].split()[0] == "Z"  # ended; reaped by its parent, this test
     assert ed.stop(params["pid_file"], 20) is False  # nothing left to stop
+
+
+@pytest.mark.parametrize("script", [
+    # The leader ends on SIGTERM; a worker it started ignores it: SIGKILL must still reach the worker.
+    '(trap "" TERM; exec sleep 300) & exec sleep 300',
+    # Nothing of the group ends on SIGTERM.
+    'trap "" TERM; sleep 300 & wait',
+], ids=["worker-ignores-sigterm", "group-ignores-sigterm"])
+def test_stop_returns_when_the_whole_group_has_ended(tmp_path, script):
+    """stop() is done only when no process of the twin's group runs, so the memory and port are free for the next."""
+    proc = subprocess.Popen(["/bin/sh", "-c", script], start_new_session=True)
+    pid_file = tmp_path / "twin.pid"
+    pid_file.write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + 10
+    while len(ed.group_running(proc.pid)) < 2:
+        assert time.monotonic() < deadline, "the worker did not start"
+        time.sleep(0.05)
+    try:
+        assert ed.stop(str(pid_file), 0.5) is True
+        assert ed.group_running(proc.pid) == []
+        assert not pid_file.exists()
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def test_each_engine_has_a_twin_of_its_own(tmp_path, monkeypatch):
