@@ -151,8 +151,7 @@ def run_nginx(prefix, http, url, js=False, user=None):
         wait_healthy(proc, url, prefix / "error.log", "nginx", timeout=30, path="", any_status=True)
         yield proc
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        end_process(proc)
 
 
 def log_lines(path, needle, count, timeout=10):
@@ -240,6 +239,17 @@ def wait_healthy(proc, url, log_path, name, timeout=120, path="/health", any_sta
         time.sleep(0.5 if timeout > 30 else 0.1)
 
 
+def end_process(proc, timeout=20):
+    """SIGTERM to PROC, SIGKILL after TIMEOUT seconds; returns once it has ended. A loaded machine may slow an
+    orderly shutdown past any deadline, never the end itself."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextlib.contextmanager
 def serve(model_dir, log_dir, threads, cpus=None, env=None, stop_timeout=20):
     """The real `transformers serve` with MODEL_DIR preloaded on 127.0.0.1 and THREADS torch threads, bound to the
@@ -258,12 +268,7 @@ def serve(model_dir, log_dir, threads, cpus=None, env=None, stop_timeout=20):
         wait_healthy(proc, url, log_path, "transformers serve")
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=stop_timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        end_process(proc, stop_timeout)
 
 
 @pytest.fixture(scope="session")

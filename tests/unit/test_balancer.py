@@ -16,7 +16,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from conftest import ROOT, free_port, haproxy_programs
+from conftest import ROOT, end_process, free_port, haproxy_programs
 
 PROGRAMS = haproxy_programs()
 pytestmark = pytest.mark.skipif(PROGRAMS is None, reason="needs haproxy and socat (scripts/setup-controller.sh)")
@@ -203,8 +203,7 @@ def fixture_haproxy(tmp_path_factory):
         return ansible(tmp_path, playbook, env, dict(extra, **more))
 
     yield port, engines, run, tmp_path
-    proc.terminate()
-    proc.wait(timeout=10)
+    end_process(proc)
     log.close()
     for engine in engines.values():
         engine.shutdown()
@@ -413,6 +412,5 @@ backend b
         client.join()
         assert complete(results[0]), results
     finally:
-        master.terminate()
-        master.wait(timeout=10)
+        end_process(master)
         engine.shutdown()

@@ -14,7 +14,8 @@ import engine_batched_bench as ebb  # noqa: E402  (library/ is on sys.path via c
 import inference_benchmark as bench  # noqa: E402
 from ansible.module_utils import llmtune_capacity as cap  # noqa: E402
 from ansible.module_utils.llmtune_systemd import parse_show, unit_command  # noqa: E402
-from conftest import FIXTURES, engine_proc_tree, free_port, llama_cpp_build, needs_llama_cpp, read, wait_healthy  # noqa: E402
+from conftest import (FIXTURES, end_process, engine_proc_tree, free_port, llama_cpp_build,  # noqa: E402
+                      needs_llama_cpp, read, wait_healthy)
 
 CAPACITY = os.path.join(FIXTURES, "capacity")
 BUILD = "/opt/llmtune/llama.cpp-0.3.36-x86_64-2e669cd01475"
@@ -180,8 +181,7 @@ def llama_server(argv, cpu, log_path):
         wait_healthy(proc, url, log_path, "llama-server")
         yield url, proc.pid
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        end_process(proc)
 
 
 @needs_llama_cpp

@@ -19,8 +19,8 @@ import kernel_cmdline
 import llmtune_metrics
 import pytest
 import tuning_drift
-from conftest import (FIXTURES, ROOT, VENV_BIN, copy_tree, free_port, node_exporter_program, read, run_nginx,
-                      wait_healthy)
+from conftest import (FIXTURES, ROOT, VENV_BIN, copy_tree, end_process, free_port, node_exporter_program, read,
+                      run_nginx, wait_healthy)
 from prometheus_client.parser import text_string_to_metric_families
 
 from ansible.module_utils.llmtune_metrics import timestamp
@@ -50,8 +50,7 @@ def fixture_exporter(tmp_path):
         wait_healthy(proc, url, tmp_path / "node-exporter.log", "node exporter", timeout=30, path="")
         yield folder, url
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
+        end_process(proc)
         log.close()
 
 
