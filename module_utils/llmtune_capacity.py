@@ -16,6 +16,9 @@ from __future__ import annotations
 
 import json
 
+from ansible.module_utils.llmtune_engines import ENGINES
+from ansible.module_utils.llmtune_engine_vllm import SERVER_MODULE as VLLM_SERVER_MODULE
+
 
 def level_requests(concurrency, min_requests):
     """Requests of a sweep level: every stream sends at least two, and at least MIN_REQUESTS for a p95 of TTFT (an
@@ -190,8 +193,6 @@ for streams in spec["pl"]:
                       "speed_tg": round(streams * spec["tg"] / t_tg, 3),
                       "speed": round(streams * (spec["pp"] + spec["tg"]) / t, 3)}), flush=True)
 """
-VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-
 
 def vllm_batched_argv(server_argv, concurrency, prompt_tokens, output_tokens, repeats=3, seed=0):
     """vLLM's own batched run (VLLM_BATCHED) for the server command SERVER_ARGV (the unit's `python -m
@@ -352,7 +353,7 @@ def report_markdown(host, result, engine, engine_name):
 
 def engine_sentence(engine, engine_name):
     """One paragraph on the engine's own batched figure: what ran and how the service compares, or why none."""
-    if engine_name not in ("llama_cpp", "vllm"):
+    if not getattr(ENGINES.get(engine_name), "batched_bench", False):
         return (f"Engine's own batched figure: none compared. {engine_name} has no batched benchmark of its own that "
                 "runs the served stack (transformers ships none; a generate() batch is not the code path of "
                 "`transformers serve`), so the service's figures stand alone.")

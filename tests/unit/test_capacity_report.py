@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from ansible.module_utils import llmtune_capacity as cap  # noqa: E402
+from ansible.module_utils.llmtune_engines import adapter  # noqa: E402
 from conftest import FIXTURES, ROOT, read  # noqa: E402
 from test_site_tags import tasks_of  # noqa: E402
 from test_jinja_expressions import (condition, load, plugins, render, render_template_file, render_tree,  # noqa: E402,F401
@@ -166,15 +167,15 @@ ENGINE_RUN = "Run the engine's own batched benchmark as the service runs it, at 
 def test_the_role_keeps_the_sweep_and_the_engines_own_figure(engine, more_urls, engine_run, kept):
     tsk = task(CAPACITY_TASKS, "Keep the capacity and the engine's own figure for the reports")
     sweep = {"capacity": {"concurrency": 2}, "levels": [], "changed": False, "invocation": {"module_args": {}}}
-    role_vars = load("roles/benchmark/vars/main.yml")
+    # What the service role publishes of the engine it runs, from the engine's adapter.
+    running = {"engine": engine, "batched_bench": adapter(engine).batched_bench}
+    batched = render(load("roles/benchmark/vars/main.yml")["__benchmark_batched"], inference_service_running=running)
     variables = task_vars(tsk, __benchmark_engine=engine, benchmark_more_urls=more_urls,
-                          __benchmark_capacity_run=sweep, __benchmark_engine_run=engine_run,
-                          __benchmark_batched_engines=role_vars["__benchmark_batched_engines"])
+                          __benchmark_capacity_run=sweep, __benchmark_engine_run=engine_run, __benchmark_batched=batched)
     got = render_tree(tsk["ansible.builtin.set_fact"]["__benchmark_capacity"], **variables)
     assert got == {"engine": engine, "result": {"capacity": {"concurrency": 2}, "levels": []}, "engine_batched": kept}
     run = task(CAPACITY_TASKS, ENGINE_RUN)
-    assert condition(run["when"], __benchmark_engine=engine, benchmark_more_urls=more_urls,
-                     __benchmark_batched_engines=role_vars["__benchmark_batched_engines"]) is (
+    assert condition(run["when"], benchmark_more_urls=more_urls, __benchmark_batched=batched) is (
                          kept == {"rows": [], "comparison": []})
 
 

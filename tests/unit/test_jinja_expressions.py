@@ -455,14 +455,6 @@ def test_loopback_listen_address(listen, loopback):
     assert render(expr, inference_service_listen=listen) is loopback
 
 
-@pytest.mark.parametrize("path, name", [
-    ("/var/lib/llm-inference/models/qwen3-0.6b-bf16.gguf", "qwen3-0.6b-bf16"),
-    ("/var/lib/llm-inference/models/qwen3xgguf", "qwen3xgguf")])
-def test_llama_cpp_model_alias(path, name):
-    expr = load("roles/inference_service/vars/main.yml")["__inference_service_model_name"]
-    assert render(expr, __inference_service_model_path=path, inference_service_engine="llama_cpp") == name
-
-
 def test_sandbox_exposure_line():
     tsk = task("roles/inference_service/tasks/service.yml", "Show the exposure score")
     out = read(JINJA, "systemd-analyze-security")
@@ -958,61 +950,6 @@ def test_the_engines_of_each_layout(fixture, layout, permitted, expected):
         [i["port"] for i in expected] + [8100 + i for i in range(len(expected))]
     # Several engines get nginx in front even on loopback: clients need one endpoint.
     assert render("{{ __inference_service_proxied }}", **variables) is (len(expected) > 1)
-
-
-@pytest.mark.parametrize("layout, parallel, expected", [
-    # nginx admits 4 for the host: 2 slots, and a KV cache of 2 contexts, on each of the two engines.
-    ("per_node", 4, "--parallel 2 --ctx-size 8192 "),
-    # Rounded up: no engine is left without a slot.
-    ("per_node", 3, "--parallel 2 --ctx-size 8192 "),
-    ("per_node", 1, "--parallel 1 --ctx-size 4096 "),
-    ("single", 4, "--parallel 4 --ctx-size 16384 "),
-])
-def test_the_hosts_slots_are_split_between_its_engines(layout, parallel, expected):
-    variables = service_vars("qemu-2node", inference_service_layout=layout, inference_service_engine="llama_cpp",
-                             inference_service_parallel=parallel, inference_service_tuned=True)
-    variables["cpu_topology"]["numa_policy_permitted"] = True
-    variables.update(ansible_managed="managed", __inference_service_llama_server="/opt/llmtune/bin/llama-server",
-                     __inference_service_model_path="/opt/llmtune/models/m.gguf", __inference_service_allocator_lib="",
-                     __inference_service_mlock_bytes=0, ansible_facts=dict(variables["ansible_facts"], systemd={"version": 252}))
-    unit = render_template_file("roles/inference_service/templates/inference.service.j2", **variables)
-    execs = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
-    assert len(execs) == 1 and expected in execs[0], unit
-
-
-@pytest.mark.parametrize("layout, tuned, bind, seqs", [
-    # One engine: a thread bound to each CPU of the unit; 4 sequences, a KV cache of 4 contexts.
-    ("single", True, "VLLM_CPU_OMP_THREADS_BIND=0", "--max-num-seqs 4 "),
-    # Untuned (the baseline): vLLM binds its own threads.
-    ("single", False, None, "--max-num-seqs 4 "),
-    # One engine per NUMA node: each binds its node's CPUs (its drop-in) and takes half the host's sequences.
-    ("per_node", True, None, "--max-num-seqs 2 "),
-])
-def test_the_vllm_unit_sizes_its_kv_cache_and_binds_its_threads(layout, tuned, bind, seqs):
-    variables = service_vars("qemu-2node", inference_service_layout=layout, inference_service_engine="vllm",
-                             inference_service_parallel=4, inference_service_tuned=tuned,
-                             inference_service_dtype="bfloat16")
-    variables["cpu_topology"]["numa_policy_permitted"] = True
-    # What memory_bandwidth returns for the model at a context of every sequence of the first engine.
-    kv = {"model": {"kv_bytes_per_token": 123456789}}
-    variables.update(ansible_managed="managed", __inference_service_model_path="/opt/llmtune/models/qwen3-0.6b",
-                     __inference_service_allocator_lib="", __inference_service_mlock_bytes=0,
-                     __inference_service_vllm_kv=kv,
-                     ansible_facts=dict(variables["ansible_facts"], systemd={"version": 252}))
-    unit = render_template_file("roles/inference_service/templates/inference.service.j2", **variables)
-    execs = [line for line in unit.splitlines() if line.startswith("ExecStart=")]
-    assert execs == [
-        "ExecStart=/opt/llmtune/venv/bin/python -m vllm.entrypoints.openai.api_server --model /opt/llmtune/models/qwen3-0.6b"
-        " --served-model-name qwen3-0.6b --host 127.0.0.1 --port " + ("${LLMTUNE_PORT}" if layout == "per_node" else "8000")
-        + " --dtype bfloat16 " + seqs + "--max-model-len 4096 --kv-cache-memory-bytes 123456789 --enable-prefix-caching"
-        " --disable-uvicorn-access-log"], unit
-    binds = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("Environment=VLLM_CPU_OMP_THREADS_BIND")]
-    assert binds == ([bind] if bind else []), unit
-    assert "Environment=VLLM_CACHE_ROOT=/var/cache/llm-inference/vllm" in unit.splitlines()
-    if layout == "per_node":
-        instance = render("{{ __inference_service_instances }}", **variables)[1]
-        conf = render_template_file("roles/inference_service/templates/instance.conf.j2", __instance=instance, **variables)
-        assert "Environment=VLLM_CPU_OMP_THREADS_BIND=1" in conf.splitlines()
 
 
 @pytest.mark.parametrize("ports, ok", [([8100], True), ([7999], False), ([8001], False), ([8002], True)])

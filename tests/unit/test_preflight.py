@@ -31,7 +31,7 @@ CASES = [
     ({"inference_service_engine_firewall_users": ["root", "x } accept"]},
      "inference_service_engine_firewall_users must be a list of user names or uids"),
     ({"inference_service_packages": []},
-     "inference_service_packages must be non-empty for the transformers and vllm engines"),
+     "inference_service_packages must be non-empty for an engine whose program lives in the venv"),
     ({"inference_service_port": 70000}, 'inference_service_port must be 1-65535 (got 70000)'),
     ({"inference_service_listen": "0.0.0.0", "inference_service_api_key": KEY, "inference_service_proxy_port": 8000},
      "inference_service_proxy_port must be 1-65535, other than the engines' ports"),

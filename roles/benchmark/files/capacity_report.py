@@ -17,8 +17,12 @@ import matplotlib
 matplotlib.use("Agg")  # no display on the controller
 import matplotlib.pyplot as plt  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "module_utils"))
-from llmtune_capacity import report_markdown  # noqa: E402
+import ansible.module_utils  # noqa: E402  (run by ansible-playbook's Python)
+
+# The project's module_utils/ under the namespace Ansible serves it in, as for a module.
+ansible.module_utils.__path__.append(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                                  "module_utils"))
+from ansible.module_utils.llmtune_capacity import report_markdown  # noqa: E402
 
 
 def draw(host, sweeps, target):
