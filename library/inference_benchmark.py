@@ -99,12 +99,11 @@ options:
   ignore_eos:
     description:
       - Ask the engine to generate exactly O(max_tokens) tokens, ignoring end-of-sequence, so every request
-        decodes the same length. Sends a C(generation_config) JSON string setting C(min_new_tokens) and
-        C(max_new_tokens) to O(max_tokens); C(transformers serve) builds the request's C(GenerationConfig)
-        from it (C(transformers/cli/serving/utils.py)), so sampling is then greedy. C(transformers serve)
-        rejects unknown fields (HTTP 422), so the C(ignore_eos) field of vLLM and SGLang is not sent.
-      - With O(server=llama_cpp) or O(server=vllm) sends C(ignore_eos) instead (a request field of llama.cpp's
-        C(llama-server), C(tools/server/README.md), and of vLLM's sampling parameters).
+        decodes the same length, in the request fields the adapter of O(server) names (its C(fixed_length)), so
+        C(ignore_eos) for llama.cpp's C(llama-server) and vLLM;
+        for C(transformers serve), which rejects unknown fields (HTTP 422), a C(generation_config) JSON string
+        setting C(min_new_tokens) and C(max_new_tokens), from which it builds the request's C(GenerationConfig)
+        (so sampling is then greedy).
       - A request whose stream reports another count of output tokens (C(usage.completion_tokens)) fails and is
         counted in RV(levels[].errors) with the count and C(finish_reason) the engine gave, since every figure rests
         on one output length.
@@ -115,7 +114,7 @@ options:
       - Server the requests go to, for the one request field outside the OpenAI API (O(ignore_eos)).
     type: str
     default: transformers
-    choices: [transformers, llama_cpp, vllm]
+    choices: [llama_cpp, transformers, vllm]
   decode_upper_bound:
     description:
       - Roofline of decode for this host and model in tokens/s (memory bandwidth / bytes read per decoded
@@ -717,6 +716,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmtune_capacity import capacity_of, judge_level, level_requests, next_level
 from ansible.module_utils.llmtune_cpuload import cpu_sample, cpu_split, is_noisy
+from ansible.module_utils.llmtune_engines import ENGINES, adapter
 from ansible.module_utils.llmtune_lock import LockError, hold_lock
 from ansible.module_utils.llmtune_state import load_state, write_atomic
 from ansible.module_utils.llmtune_sysfs import parse_bracketed, read_text
@@ -927,11 +927,8 @@ def request_body(model, prompt, params):
             "max_tokens": params["max_tokens"], "stream": True}
     if params["include_usage"]:
         body["stream_options"] = {"include_usage": True}
-    if params["ignore_eos"] and params["server"] in ("llama_cpp", "vllm"):
-        body["ignore_eos"] = True
-    elif params["ignore_eos"]:
-        body["generation_config"] = json.dumps({"min_new_tokens": params["max_tokens"],
-                                                "max_new_tokens": params["max_tokens"]})
+    if params["ignore_eos"]:
+        body.update(adapter(params["server"]).fixed_length(params["max_tokens"]))
     return body
 
 
@@ -1452,7 +1449,7 @@ ARGUMENT_SPEC = {
     "prompt_seed": {"type": "int"},
     "max_tokens": {"type": "int", "default": 64},
     "ignore_eos": {"type": "bool", "default": False},
-    "server": {"type": "str", "default": "transformers", "choices": ["transformers", "llama_cpp", "vllm"]},
+    "server": {"type": "str", "default": "transformers", "choices": sorted(ENGINES)},
     "decode_upper_bound": {"type": "float"},
     "requests": {"type": "int", "default": 8},
     "concurrency": {"type": "list", "elements": "int", "default": [1]},

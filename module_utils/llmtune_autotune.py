@@ -24,6 +24,7 @@ import math
 from ansible.module_utils import llmtune_kernels as kernels
 from ansible.module_utils import llmtune_quality as quality
 from ansible.module_utils.llmtune_capacity import report_markdown as capacity_markdown
+from ansible.module_utils.llmtune_engines import ENGINES
 
 # Stored results carry this; a sweep of another version is measured again (inputs.method).
 RESULT_VERSION = 4
@@ -34,8 +35,9 @@ SETTING_KEYS = ("engine", "format", "threads", "cpus", "tuned", "allocator", "pa
 LOW_BIT = ("q6_k", "q5_k_m", "q4_k_m", "q4_0")
 # Engines that serve a fixed number of sequences at once, each with its KV cache (llama.cpp's slots, vLLM's
 # max_num_seqs); transformers serve batches only with continuous batching and has no such limit.
-SLOT_ENGINES = ("llama_cpp", "vllm")
-ENGINE_NAMES = {"transformers": "transformers serve", "llama_cpp": "llama.cpp", "vllm": "vLLM"}
+SLOT_ENGINES = tuple(name for name, engine in ENGINES.items() if engine.slots)
+# Engines that serve a GGUF file, which holds its own weight types.
+GGUF_ENGINES = tuple(name for name, engine in ENGINES.items() if engine.weights == "gguf")
 FP32 = ("float32", "f32")
 # Phases in the order the sweep measures them. Every allowed engine's most promising stack comes first, then the
 # reference (engine defaults), then the other stacks, then variations of the best one; float32 stacks come last
@@ -75,13 +77,13 @@ def service_variables(setting, max_concurrent, context_tokens=0):
     each slot unless the setting names one (the capacity stage's sweep)."""
     engine = setting.get("engine") or "transformers"
     fmt = setting.get("format")
-    llama = engine == "llama_cpp"
+    gguf = engine in GGUF_ENGINES
     return {
         "inference_service_tuned": setting.get("tuned") is not False,
         "inference_service_engine": engine,
-        # A GGUF file holds its own types: llama.cpp's dtype is auto, and the other engines ignore the GGUF type.
-        "inference_service_dtype": "auto" if llama else (setting.get("dtype") or fmt or "auto"),
-        "inference_service_gguf_type": (setting.get("gguf_type") or fmt or "bf16") if llama else "bf16",
+        # A GGUF file holds its own types: its dtype is auto, and the other engines ignore the GGUF type.
+        "inference_service_dtype": "auto" if gguf else (setting.get("dtype") or fmt or "auto"),
+        "inference_service_gguf_type": (setting.get("gguf_type") or fmt or "bf16") if gguf else "bf16",
         "inference_service_threads": int(setting.get("threads") or 0),
         "inference_service_cpu_affinity": setting.get("cpus") or "",
         "inference_service_allocator": setting.get("allocator") or "none",
@@ -186,10 +188,10 @@ def candidate_stacks(config):
     token for the same arithmetic). GGUF types of fewer than 8 bits only when allowed."""
     stacks = []
     for engine in config["engines"]:
-        if engine in ("transformers", "vllm"):
-            formats = config["dtypes"]
-        elif engine == "llama_cpp":
+        if engine in GGUF_ENGINES:
             formats = [gguf for gguf in config["gguf_types"] if config["allow_quantized"] or gguf not in LOW_BIT]
+        elif engine in ENGINES:
+            formats = config["dtypes"]
         else:
             continue
         stacks += [[engine, fmt] for fmt in kernels.order(engine, formats, config.get("isa"))]
@@ -268,7 +270,7 @@ def phase_settings(phase, state):
     if phase == "reference":
         engine = config["engines"][0]
         own = [stack[1] for stack in stacks + later if stack[0] == engine]
-        fmt = (own[0] if own else "bf16") if engine == "llama_cpp" else "auto"
+        fmt = (own[0] if own else "bf16") if engine in GGUF_ENGINES else "auto"
         return [_setting(engine, fmt, config, threads=None, cpus="", tuned=False)]
     if phase == "stack":
         return [_setting(engine, fmt, config) for engine, fmt in stacks]
@@ -349,7 +351,7 @@ def row_of(setting, stage):
     row = dict(setting, stage=stage)
     variables = service_variables(setting, 0)
     row["dtype"] = variables["inference_service_dtype"]
-    row["gguf_type"] = variables["inference_service_gguf_type"] if setting["engine"] == "llama_cpp" else None
+    row["gguf_type"] = variables["inference_service_gguf_type"] if setting["engine"] in GGUF_ENGINES else None
     return row
 
 
@@ -601,7 +603,7 @@ def _fit_first_rows_to_free_cpus(state, setting, row):
 def quality_refusal(row, config):
     """Why the quality gate refuses ROW (a quantized GGUF whose figures break the bounds, or that has none), or ''."""
     fmt = row.get("gguf_type") or row.get("format")
-    if row.get("engine") != "llama_cpp" or fmt in quality.UNQUANTIZED or not row.get("tuned"):
+    if row.get("engine") not in GGUF_ENGINES or fmt in quality.UNQUANTIZED or not row.get("tuned"):
         return ""
     if not row.get("quality"):
         return "no quality figures"
@@ -787,7 +789,7 @@ def _quality_lines(result):
     lines, seen = [], set()
     for row in result["rows"]:
         fmt = row.get("gguf_type") or row.get("format")
-        if row.get("engine") != "llama_cpp" or fmt in quality.UNQUANTIZED or fmt in seen or row["status"] != "measured":
+        if row.get("engine") not in GGUF_ENGINES or fmt in quality.UNQUANTIZED or fmt in seen or row["status"] != "measured":
             continue
         seen.add(fmt)
         figures, refusal = row.get("quality") or {}, quality_refusal(row, config)
@@ -834,7 +836,7 @@ def _served_lines(result, host):
     serve = cap["serve"]
     text = f"Served: nginx admits {serve['admitted']} request(s) at once, one more gets 429 with Retry-After"
     if "parallel" in serve:
-        text += (f"; {ENGINE_NAMES.get(cap['engine'], cap['engine'])} decodes them in {serve['parallel']} slot(s), "
+        text += (f"; {getattr(ENGINES.get(cap['engine']), 'title', cap['engine'])} decodes them in {serve['parallel']} slot(s), "
                  "each of the operator's context")
     if not cap["streams"]:
         text += "; one stream alone misses the targets, so the host serves one at a time"

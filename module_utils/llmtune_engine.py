@@ -22,9 +22,13 @@ class Engine:
     """An engine's facts and its part of the service's unit."""
 
     name = ""
+    # What reports call it.
+    title = ""
     # "gguf" (one file) or "folder" (config.json and safetensors); venv: its program lives in the venv.
     weights = "folder"
     venv = True
+    # "torch" or "ggml": the kernels its formats run on (module_utils/llmtune_kernels.py's tables).
+    kernels = "torch"
     # It decodes a fixed number of sequences together (inference_service_parallel).
     slots = False
     # It is told its KV cache's size in bytes (the setting's kv_bytes).
@@ -68,6 +72,11 @@ class Engine:
     def comment(self, s):  # pylint: disable=unused-argument
         """The unit's comment lines on the setting S."""
         return []
+
+    def fixed_length(self, max_tokens):  # pylint: disable=unused-argument
+        """Request fields that make it generate exactly MAX_TOKENS tokens, end-of-sequence ignored: the ignore_eos
+        field of vLLM's sampling parameters and llama.cpp's server."""
+        return {"ignore_eos": True}
 
     def facts(self, os_family, model_path=""):
         """What the role needs of the engine before it writes a unit: on a host of OS_FAMILY, serving MODEL_PATH."""

@@ -8,6 +8,8 @@ from ansible.module_utils.llmtune_engine import Engine
 
 class LlamaCpp(Engine):
     name = "llama_cpp"
+    title = "llama.cpp"
+    kernels = "ggml"
     # A GGUF file holds its own weight type; the server is a program of its own (the llama.cpp build).
     weights = "gguf"
     venv = False

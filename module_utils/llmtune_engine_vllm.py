@@ -12,6 +12,7 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 class Vllm(Engine):
     name = "vllm"
+    title = "vLLM"
     # --max-num-seqs; unless told its KV cache's size, vLLM takes most of the host's memory for it.
     slots = True
     kv_cache_sized = True

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from ansible.module_utils.llmtune_engines import ENGINES
+
 # CPU shapes, the first whose extensions the CPU has: (name, extensions needed, what it computes fast).
 SHAPES = (
     ("amx", ("amx_tile", "amx_int8", "amx_bf16"), "AMX tiles: int8 and bf16 matrix products"),
@@ -64,7 +66,7 @@ def favoured(engine, isa):
     """[(format, kernel)] ENGINE runs on fast kernels on a CPU of ISA, in the order to measure them: for llama.cpp
     the fewest bytes per weight first; for torch's engines bf16 first where the CPU multiplies bf16, else float32."""
     cpu = shape(isa)
-    if engine == "llama_cpp":
+    if getattr(ENGINES.get(engine), "kernels", "torch") == "ggml":
         fast = LLAMA_CPP[cpu]
         return sorted(fast.items(), key=lambda item: GGUF_BITS[item[0]])
     fast = dict(TORCH.get(cpu, {}))

@@ -26,7 +26,7 @@ import datetime
 import decimal
 import math
 
-from ansible.module_utils.llmtune_autotune import SLOT_ENGINES, served_setting, service_variables
+from ansible.module_utils.llmtune_autotune import GGUF_ENGINES, SLOT_ENGINES, served_setting, service_variables
 from ansible.module_utils.llmtune_drift import PENDING, STATUSES
 
 PREFIX = "llmtune_"
@@ -179,12 +179,12 @@ def stack_families(autotune):
         return []
     setting = served_setting(autotune)
     served = service_variables(setting, 0)
-    llama = served["inference_service_engine"] == "llama_cpp"
+    gguf = served["inference_service_engine"] in GGUF_ENGINES
     info = Family("stack_info",
                   "The stack the auto-tune chose and the service serves: engine, weight format (GGUF type or dtype), "
                   "layout (single, or per_node: one engine per NUMA node) and allocator.")
     info.add(1, engine=served["inference_service_engine"],
-             format=served["inference_service_gguf_type"] if llama else served["inference_service_dtype"],
+             format=served["inference_service_gguf_type"] if gguf else served["inference_service_dtype"],
              layout=served["inference_service_layout"], allocator=served["inference_service_allocator"])
     threads = served["inference_service_threads"]
     parallel = _number(setting.get("parallel")) if served["inference_service_engine"] in SLOT_ENGINES else None

@@ -4,8 +4,10 @@ facts, and the service's unit as the role renders it from them (library/engine_a
 import json
 
 import pytest
+import yaml
 
 import engine_adapter  # noqa: E402  (library/ is on sys.path via conftest)
+import inference_benchmark  # noqa: E402
 from ansible.module_utils import llmtune_engines as engines  # noqa: E402
 from ansible.module_utils.llmtune_engine import Engine  # noqa: E402
 from ansible.module_utils.testing import patch_module_args  # noqa: E402
@@ -162,3 +164,15 @@ def test_the_hosts_slots_are_split_between_its_engines_rounded_up(parallel, slot
 def test_the_engines_an_operator_may_choose_are_the_adapters():
     spec = load("roles/inference_service/meta/argument_specs.yml")["argument_specs"]["main"]["options"]
     assert sorted(spec["inference_service_engine"]["choices"]) == sorted(engines.ENGINES)
+
+
+def test_the_benchmark_knows_every_engine_and_sends_each_its_own_fixed_length_fields():
+    """inference_benchmark's server option lists the adapters, and a fixed output length is asked for in each
+    engine's own request field (transformers serve refuses unknown fields with HTTP 422)."""
+    options = yaml.safe_load(inference_benchmark.DOCUMENTATION)["options"]
+    assert options["server"]["choices"] == sorted(engines.ENGINES)
+    params = {"max_tokens": 32, "include_usage": False, "ignore_eos": True}
+    bodies = {name: inference_benchmark.request_body("m", "p", dict(params, server=name)) for name in engines.ENGINES}
+    assert bodies["llama_cpp"]["ignore_eos"] is True and bodies["vllm"]["ignore_eos"] is True
+    assert "ignore_eos" not in bodies["transformers"]
+    assert json.loads(bodies["transformers"]["generation_config"]) == {"min_new_tokens": 32, "max_new_tokens": 32}
