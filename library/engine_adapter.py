@@ -84,7 +84,7 @@ engine:
   description: The engine's facts (C(Engine.facts) in module_utils/llmtune_engine.py).
   returned: always
   type: dict
-  sample: {"name": "llama_cpp", "weights": "gguf", "health_path": "/health", "metrics_path": "/metrics",
+  sample: {"name": "llama_cpp", "weights": "gguf", "health_path": "/health",
            "key_file": true, "unkeyed_why": "", "mlock": true, "shm_mb": 0, "system_packages": ["libgomp1"],
            "unused_packages": [], "reads_config": false, "batched_bench": true, "model_name": "qwen3-0.6b-q8_0"}
 unit:

@@ -21,8 +21,8 @@ SETTING_KEYS = ("model_path", "host", "port", "threads", "tuned", "template", "s
 class Engine:
     """An engine's facts and its part of the service's unit."""
 
+    # Its value of inference_service_engine, and what reports call it.
     name = ""
-    # What reports call it.
     title = ""
     # "gguf" (one file) or "folder" (config.json and safetensors); venv: its program lives in the venv.
     weights = "folder"
@@ -33,9 +33,8 @@ class Engine:
     slots = False
     # It is told its KV cache's size in bytes (the setting's kv_bytes).
     kv_cache_sized = False
-    # Answers 200 once the model serves; Prometheus text ("" for none).
+    # Answers 200 once the model serves.
     health_path = "/health"
-    metrics_path = ""
     # It checks a key file of its own behind nginx; else unkeyed_why says why not.
     key_file = False
     unkeyed_why = ""
@@ -82,7 +81,7 @@ class Engine:
         """What the role needs of the engine before it writes a unit: on a host of OS_FAMILY, serving MODEL_PATH."""
         return {"name": self.name, "weights": self.weights, "venv": self.venv, "slots": self.slots,
                 "kv_cache_sized": self.kv_cache_sized, "health_path": self.health_path,
-                "metrics_path": self.metrics_path, "key_file": self.key_file, "unkeyed_why": self.unkeyed_why,
+                "key_file": self.key_file, "unkeyed_why": self.unkeyed_why,
                 "mlock": self.mlock, "shm_mb": self.shm_mb,
                 "system_packages": list(self.system_packages.get(os_family, [])),
                 "unused_packages": list(self.unused_packages), "reads_config": self.reads_config,

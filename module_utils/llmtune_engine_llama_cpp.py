@@ -14,8 +14,7 @@ class LlamaCpp(Engine):
     weights = "gguf"
     venv = False
     slots = True
-    # 503 while the model loads, 200 once it serves; Prometheus text with --metrics (tools/server/README.md).
-    metrics_path = "/metrics"
+    # /health: 503 while the model loads, 200 once it serves (tools/server/README.md).
     key_file = True
     mlock = True
     # The OpenMP runtime the ggml CPU backend links.

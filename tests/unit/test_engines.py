@@ -29,6 +29,7 @@ def test_each_adapter_is_in_its_own_file_and_says_what_the_role_asks(name):
     assert isinstance(adapter, Engine) and type(adapter).__module__.endswith("llmtune_engine_" + name)
     facts = adapter.facts("Debian")
     assert facts["name"] == name and facts["weights"] in ("gguf", "folder") and facts["health_path"].startswith("/")
+    assert adapter.title
     # A program outside the venv is a GGUF server's (the llama.cpp build); every other engine installs into the venv.
     assert facts["venv"] is (facts["weights"] == "folder")
     # An engine that checks no key says why, for the operator's warning.
@@ -164,6 +165,8 @@ def test_the_hosts_slots_are_split_between_its_engines_rounded_up(parallel, slot
 def test_the_engines_an_operator_may_choose_are_the_adapters():
     spec = load("roles/inference_service/meta/argument_specs.yml")["argument_specs"]["main"]["options"]
     assert sorted(spec["inference_service_engine"]["choices"]) == sorted(engines.ENGINES)
+    spec = load("roles/autotune/meta/argument_specs.yml")["argument_specs"]["main"]["options"]
+    assert sorted(spec["autotune_engines"]["choices"]) == sorted(engines.ENGINES)
 
 
 def test_the_benchmark_knows_every_engine_and_sends_each_its_own_fixed_length_fields():
