@@ -9,8 +9,8 @@ DOCUMENTATION = r"""
 module: engine_adapter
 short_description: An inference engine's facts and its part of the service's systemd unit, from its adapter
 description:
-  - Every engine-specific fact of the service (command line, environment, health and metrics paths, key file, memory
-    lock, system packages, sandbox additions) lives in one adapter file per engine,
+  - Every engine-specific fact of the service (command line, environment, health path, key file, memory lock,
+    system packages, sandbox additions) lives in one adapter file per engine,
     C(module_utils/llmtune_engine_<engine>.py); C(module_utils/llmtune_engine.py) says what an adapter holds.
     The role renders what this module returns; its templates have no engine branches.
   - Without O(setting) it returns the engine's facts only; with it also the engine's part of the unit.

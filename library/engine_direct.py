@@ -159,7 +159,7 @@ import subprocess
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible.module_utils.llmtune_cpuload import memory_short
+from ansible.module_utils.llmtune_cpuload import memory_short, stat_fields
 from ansible.module_utils.llmtune_systemd import (SHOW_PROPERTIES, UnitError, exec_argv, expand,  # noqa: F401
                                                   find_systemd_run, parse_show, scope_argv, unit_command,
                                                   unit_process)
@@ -202,24 +202,19 @@ def read_pid(pid_file):
     try:
         with open(pid_file, encoding="ascii") as handle:
             pid = int(handle.read().strip())
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            state = handle.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError):
         return None
-    return None if state in ("Z", "X") else pid
+    fields = stat_fields(pid)
+    return pid if fields and fields[0] not in ("Z", "X") else None
 
 
 def group_running(pgid):
     """PIDs of the processes of group PGID that still run (a zombie has ended)."""
     running = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
-                state, _ppid, group = handle.read().rsplit(")", 1)[1].split()[:3]
-        except (OSError, ValueError):
-            continue
-        if int(group) == pgid and state not in ("Z", "X"):
-            running.append(int(entry))
+    for pid in map(int, filter(str.isdigit, os.listdir("/proc"))):
+        fields = stat_fields(pid)
+        if fields and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            running.append(pid)
     return running
 
 

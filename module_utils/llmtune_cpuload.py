@@ -17,14 +17,24 @@ STEAL_LIMIT_PERCENT = 5.0
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def stat_fields(pid, proc="/proc"):
+    """The fields of PROC/PID/stat after the command name (proc(5): state first, then ppid, pgrp, ...); None when the
+    process is gone or the file unreadable. The name, in parentheses, may hold spaces and parentheses itself."""
+    try:
+        with open(f"{proc}/{pid}/stat", encoding="ascii", errors="replace") as handle:
+            fields = handle.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return fields or None
+
+
 def _own_and_reaped_ticks(pid):
     """utime + stime + cutime + cstime of process PID, all its threads and its reaped children (fields 14-17 of
     /proc/PID/stat, proc(5)); None when it is gone or unreadable."""
+    fields = stat_fields(pid)
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as handle:
-            fields = handle.read().rsplit(")", 1)[1].split()
-        return sum(int(field) for field in fields[11:15])
-    except (OSError, IndexError, ValueError):
+        return sum(int(field) for field in fields[11:15]) if fields else None
+    except ValueError:
         return None
 
 

@@ -11,6 +11,7 @@ continuous_batching and extra_args (appended, each shell-quoted).
 
 from __future__ import annotations
 
+import abc
 import shlex
 
 SETTING_KEYS = ("model_path", "host", "port", "threads", "tuned", "template", "slots", "context_tokens", "dtype",
@@ -18,7 +19,7 @@ SETTING_KEYS = ("model_path", "host", "port", "threads", "tuned", "template", "s
                 "continuous_batching", "extra_args")
 
 
-class Engine:
+class Engine(abc.ABC):
     """An engine's facts and its part of the service's unit."""
 
     # Its value of inference_service_engine, and what reports call it.
@@ -56,9 +57,9 @@ class Engine:
         """The model name clients send: the file's or folder's name."""
         return model_path.rstrip("/").rsplit("/", 1)[-1]
 
+    @abc.abstractmethod
     def argv(self, s):
-        """The command line for the setting S."""
-        raise NotImplementedError
+        """The command line for the setting S (every adapter has its own)."""
 
     def environment(self, s):  # pylint: disable=unused-argument
         """{name: value} the engine runs with, beyond the unit's own."""
