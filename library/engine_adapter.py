@@ -14,6 +14,8 @@ description:
     C(module_utils/llmtune_engine_<engine>.py); C(module_utils/llmtune_engine.py) says what an adapter holds.
     The role renders what this module returns; its templates have no engine branches.
   - Without O(setting) it returns the engine's facts only; with it also the engine's part of the unit.
+  - With O(layout) it also returns the service's engines (module_utils/llmtune_service_layout.py) and fails, naming
+    the variable, on ports that collide or run past 65535.
   - It reads and changes nothing on the host.
 options:
   engine:
@@ -41,6 +43,17 @@ options:
     type: list
     elements: dict
     default: []
+  layout:
+    description:
+      - The role variables the service's engines are decided from, without their C(inference_service_) prefix
+        (C(INPUTS) in module_utils/llmtune_service_layout.py; C(firewall_ports) is
+        C(inference_service_engine_firewall_ports)).
+    type: dict
+  topology:
+    description:
+      - The host's C(cpu_topology) facts (role topology), for one engine per NUMA node.
+    type: dict
+    default: {}
 author:
   - llmtune
 """
@@ -50,6 +63,25 @@ EXAMPLES = r"""
   engine_adapter:
     engine: llama_cpp
     os_family: "{{ ansible_os_family }}"
+  register: adapter
+
+- name: The engine's facts and the service's engines
+  engine_adapter:
+    engine: llama_cpp
+    layout:
+      name: llm-inference
+      listen: 127.0.0.1
+      port: 8000
+      proxy_port: 8080
+      layout: per_node
+      tuned: true
+      parallel: 4
+      cpu_affinity: "0 1"
+      threads: 2
+      numa_policy: ""
+      numa_mask: ""
+      firewall_ports: [8100]
+    topology: "{{ cpu_topology }}"
   register: adapter
 
 - name: The engine's part of its unit
@@ -94,10 +126,20 @@ unit:
   type: dict
   sample: {"argv": ["/opt/llmtune/b/llama-server", "--model", "/m.gguf"], "exec_start": "/opt/llmtune/b/llama-server --model /m.gguf",
            "environment": [], "instance_environment": {}, "sandbox": [], "comment": ["4 slots of 4096 tokens"]}
+layout:
+  description: The service's engines and where they are reached (C(layout) in module_utils/llmtune_service_layout.py).
+  returned: when O(layout) is given
+  type: dict
+  sample: {"instances": [{"unit": "llm-inference.service", "node": null, "port": 8000, "cpus": "0 1", "threads": 2,
+                          "numa_policy": "", "numa_mask": "", "slots": 4}],
+           "units": ["llm-inference.service"], "per_node": false, "loopback": true, "proxied": false,
+           "engine_host": "127.0.0.1", "engine_base": "http://127.0.0.1", "engine_urls": ["http://127.0.0.1:8000"],
+           "unit_file": "/etc/systemd/system/llm-inference.service", "twin_ports": [8100], "access_ports": [8000, 8100]}
 """
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmtune_engines import adapter
+from ansible.module_utils.llmtune_service_layout import INPUTS, layout
 
 
 def main():
@@ -108,6 +150,8 @@ def main():
             "model_path": {"type": "str", "default": ""},
             "setting": {"type": "dict"},
             "instances": {"type": "list", "elements": "dict", "default": []},
+            "layout": {"type": "dict"},
+            "topology": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
@@ -117,6 +161,11 @@ def main():
         result = {"engine": engine.facts(params["os_family"], params["model_path"])}
         if params["setting"] is not None:
             result["unit"] = engine.unit(params["setting"], params["instances"])
+        if params["layout"] is not None:
+            missing = sorted(set(INPUTS) - set(params["layout"]))
+            if missing:
+                module.fail_json(msg=f"engine_adapter: layout needs {', '.join(missing)}")
+            result["layout"] = layout(params["layout"], params["topology"])
     except (ValueError, KeyError, TypeError) as error:
         module.fail_json(msg=f"engine_adapter: {error}")
     module.exit_json(changed=False, **result)

@@ -122,18 +122,18 @@ def test_the_module_answers_in_check_mode_and_fails_with_a_message(capsys):
 
 def service_unit(engine, layout, **changes):
     """The unit and the second instance's drop-in the role writes, from the module's return as the role calls it."""
-    variables = service_vars("qemu-2node", inference_service_layout=layout, inference_service_engine=engine,
-                             inference_service_tuned=True, **changes)
-    variables["cpu_topology"]["numa_policy_permitted"] = True
-    template = render("{{ __inference_service_per_node }}", **variables)
-    instances = render("{{ __inference_service_instances }}", **variables)
+    variables = service_vars("qemu-2node", permitted=True, inference_service_layout=layout,
+                             inference_service_engine=engine, inference_service_tuned=True, **changes)
+    engines_layout = variables["__inference_service_adapter"]["layout"]
+    template, instances = engines_layout["per_node"], engines_layout["instances"]
     model = "/opt/llmtune/models/m.gguf" if engine == "llama_cpp" else "/opt/llmtune/models/m"
     unit = engines.adapter(engine).unit(setting(model_path=model, template=template, slots=instances[0]["slots"],
                                         port="${LLMTUNE_PORT}" if template else 8000),
                         instances if template else [])
     variables.update(ansible_managed="managed", __inference_service_model_path=model, __inference_service_allocator_lib="",
                      __inference_service_mlock_bytes=0, __inference_service_engine_unit={"unit": unit},
-                     __inference_service_adapter={"engine": engines.adapter(engine).facts("Debian", model)},
+                     __inference_service_adapter=dict(variables["__inference_service_adapter"],
+                                                      engine=engines.adapter(engine).facts("Debian", model)),
                      ansible_facts=dict(variables["ansible_facts"], systemd={"version": 252}))
     text = render_template_file("roles/inference_service/templates/inference.service.j2", **variables)
     conf = render_template_file("roles/inference_service/templates/instance.conf.j2", __instance=instances[1],

@@ -24,6 +24,8 @@ from conftest import FIXTURES, ROOT, VENV_BIN, read, role_module
 
 from ansible.errors import AnsibleValueOmittedError
 from ansible.module_utils import _internal as module_utils_internal
+from ansible.module_utils import llmtune_engines as engines
+from ansible.module_utils import llmtune_service_layout as service_layout
 from ansible.module_utils.llmtune_swap import parse_systemctl_show
 from ansible.parsing.dataloader import DataLoader
 from ansible.plugins.loader import init_plugin_loader
@@ -446,14 +448,6 @@ def test_memory_is_bound_only_to_a_node_that_has_memory():
 
 
 # --- roles/inference_service, roles/autotune, roles/grub, roles/fleet_report ----------------------------------
-
-@pytest.mark.parametrize("listen, loopback", [
-    ("127.0.0.1", True), ("127.0.1.1", True), ("::1", True), ("localhost", True),
-    ("0.0.0.0", False), ("127x0.0.1", False), ("10.0.0.5", False)])
-def test_loopback_listen_address(listen, loopback):
-    expr = load("roles/inference_service/vars/main.yml")["__inference_service_loopback"]
-    assert render(expr, inference_service_listen=listen) is loopback
-
 
 def test_sandbox_exposure_line():
     tsk = task("roles/inference_service/tasks/service.yml", "Show the exposure score")
@@ -905,102 +899,32 @@ def test_the_benchmark_pairs_every_engine_with_its_twin():
 
 # --- roles/inference_service: the engines of each layout, from real machines' topologies ------------------------------
 
-def service_vars(fixture, **overrides):
-    """The role's defaults and vars, with the cpu_topology facts of FIXTURE (as the topology role sets them)."""
+def service_vars(fixture, permitted=None, **overrides):
+    """The role's defaults and vars, with the cpu_topology facts of FIXTURE (as the topology role sets them, memory
+    binding PERMITTED or not) and the engine adapter's return as tasks/variables.yml registers it."""
     variables = {name: trust_as_template(value) if isinstance(value, str) else value
                  for relpath in ("roles/inference_service/defaults/main.yml", "roles/inference_service/vars/main.yml")
                  for name, value in load(relpath).items()}
     facts = cpu_topology.gather(os.path.join(FIXTURES, "topology", fixture))
+    facts["numa_policy_permitted"] = permitted
     variables.update(cpu_topology=facts, ansible_facts={"cpu_topology": facts}, **overrides)
+    inputs = {key: render("{{ inference_service_%s }}" % ("engine_" + key if key == "firewall_ports" else key),
+                          **variables) for key in service_layout.INPUTS}
+    engine = engines.adapter(render("{{ inference_service_engine }}", **variables))
+    variables["__inference_service_adapter"] = {"engine": engine.facts("Debian"),
+                                                "layout": service_layout.layout(inputs, facts)}
     return variables
 
 
-@pytest.mark.parametrize("fixture, layout, permitted, expected", [
-    # Two sockets, one node each, 2 physical cores per node (SMT siblings left out).
-    ("qemu-2node", "per_node", True, [
-        {"unit": "llm-inference@0.service", "node": 0, "port": 8000, "cpus": "0", "threads": 1, "numa_policy": "bind",
-         "numa_mask": "0", "slots": 2},
-        {"unit": "llm-inference@1.service", "node": 1, "port": 8001, "cpus": "1", "threads": 1, "numa_policy": "bind",
-         "numa_mask": "1", "slots": 2}]),
-    # Where set_mempolicy(2) is refused (container seccomp), pinned to the node's cores, memory unbound.
-    ("qemu-2node", "per_node", None, [
-        {"unit": "llm-inference@0.service", "node": 0, "port": 8000, "cpus": "0", "threads": 1, "numa_policy": "",
-         "numa_mask": "", "slots": 2},
-        {"unit": "llm-inference@1.service", "node": 1, "port": 8001, "cpus": "1", "threads": 1, "numa_policy": "",
-         "numa_mask": "", "slots": 2}]),
-    ("qemu-2node", "single", True, [
-        {"unit": "llm-inference.service", "node": None, "port": 8000, "cpus": "0", "threads": 1, "numa_policy": "",
-         "numa_mask": "", "slots": 4}]),
-    # One node: one engine, whatever the layout asks.
-    ("epyc-1socket", "per_node", True, [
-        {"unit": "llm-inference.service", "node": None, "port": 8000, "cpus": "0 1 2 3 4 5 6 7", "threads": 8,
-         "numa_policy": "", "numa_mask": "", "slots": 4}]),
-    # Issue 39, input 5: one node with cores (its memory on the CPU-less nodes): one engine, whatever the layout asks.
-    ("power9-lpar-memless", "per_node", True, [
-        {"unit": "llm-inference.service", "node": None, "port": 8000, "cpus": "0 4", "threads": 2,
-         "numa_policy": "", "numa_mask": "", "slots": 4}]),
-])
-def test_the_engines_of_each_layout(fixture, layout, permitted, expected):
-    variables = service_vars(fixture, inference_service_layout=layout)
-    variables["cpu_topology"]["numa_policy_permitted"] = permitted
-    instances = render("{{ __inference_service_instances }}", **variables)
-    assert instances == expected
-    # The engines' ports and one direct-run twin's port per engine from 8100.
-    assert render("{{ __inference_service_engine_access_ports }}", **variables) == \
-        [i["port"] for i in expected] + [8100 + i for i in range(len(expected))]
-    # Several engines get nginx in front even on loopback: clients need one endpoint.
-    assert render("{{ __inference_service_proxied }}", **variables) is (len(expected) > 1)
-
-
-@pytest.mark.parametrize("ports, ok", [([8100], True), ([7999], False), ([8001], False), ([8002], True)])
-def test_the_twins_ports_stay_off_the_engines_ports(ports, ok):
-    """Two engines (8000, 8001) have two twins from each firewall port: 7999 would put the second twin on 8000."""
-    variables = service_vars("qemu-2node", inference_service_layout="per_node",
-                             inference_service_engine_firewall_ports=ports)
-    rules = task("roles/inference_service/tasks/variables.yml", "Check the service's ranges and names")["loop"]
-    rule = next(r for r in rules if r["name"] == "inference_service_engine_firewall_ports")
-    assert render(rule["ok"], **variables) is ok
-
-
-def test_an_engine_on_a_node_without_usable_memory_binds_the_nearest(tmp_path):
-    """A node's memory outside the service's cgroup (system.slice AllowedMemoryNodes=1): its engine binds node 1."""
-    root = tmp_path / "xeon-2socket"
-    shutil.copytree(os.path.join(FIXTURES, "topology", "xeon-2socket"), root)
-    (root / "sys/fs/cgroup/system.slice").mkdir()
-    (root / "sys/fs/cgroup/system.slice/cpuset.mems.effective").write_text("1\n")
-    facts = cpu_topology.gather(str(root))
-    facts["numa_policy_permitted"] = True
-    variables = service_vars("xeon-2socket", inference_service_layout="per_node")
-    variables.update(cpu_topology=facts, ansible_facts={"cpu_topology": facts})
-    instances = render("{{ __inference_service_instances }}", **variables)
-    assert [(i["unit"], i["cpus"], i["numa_mask"]) for i in instances] == [
-        ("llm-inference@0.service", "0 1", "1"), ("llm-inference@1.service", "2 3", "1")]
-
-
-def test_each_node_of_a_two_socket_xeon_gets_its_own_cores():
-    variables = service_vars("xeon-2socket", inference_service_layout="per_node")
-    variables["cpu_topology"]["numa_policy_permitted"] = True
-    instances = render("{{ __inference_service_instances }}", **variables)
-    topology = variables["cpu_topology"]
-    assert [i["node"] for i in instances] == [node["id"] for node in topology["numa_nodes"]]
-    for instance, node in zip(instances, topology["numa_nodes"]):
-        cpus = [int(cpu) for cpu in instance["cpus"].split()]
-        assert set(cpus) <= set(node["cpus"]) and instance["threads"] == len(cpus)
-        # One CPU per physical core: no two are SMT siblings.
-        assert len({(core["socket"], core["core_id"]) for core in topology["cores"] for cpu in cpus
-                    if cpu in core["cpus"]}) == len(cpus)
-
-
 def test_the_benchmark_measures_every_engine_the_deploy_published():
-    variables = service_vars("qemu-2node", inference_service_layout="per_node")
-    variables["cpu_topology"]["numa_policy_permitted"] = True
+    variables = service_vars("qemu-2node", permitted=True, inference_service_layout="per_node")
     publish = task("roles/inference_service/tasks/service.yml", "Publish the endpoints for the benchmark and clients")
     facts = publish["ansible.builtin.set_fact"]
     endpoints = render(facts["inference_service_endpoints"], **variables)
     assert endpoints == ["http://127.0.0.1:8000", "http://127.0.0.1:8001"]
     # nginx is the clients' one endpoint, on the listen address and the proxy port.
     assert render(facts["inference_service_public_endpoint"], **variables) == "http://127.0.0.1:8080"
-    instances = render("{{ __inference_service_instances }}", **variables)
+    instances = variables["__inference_service_adapter"]["layout"]["instances"]
     bench = {name: trust_as_template(value) if isinstance(value, str) else value
              for name, value in load("roles/benchmark/defaults/main.yml").items()}
     bench.update(inference_service_endpoints=endpoints, inference_service_running={"instances": instances},
@@ -1039,9 +963,8 @@ def test_the_report_gives_each_engines_share():
 
 
 def test_verify_gives_each_engine_its_rows():
-    variables = service_vars("qemu-2node", inference_service_layout="per_node")
-    variables["cpu_topology"]["numa_policy_permitted"] = True
-    instances = render("{{ __inference_service_instances }}", **variables)
+    variables = service_vars("qemu-2node", permitted=True, inference_service_layout="per_node")
+    instances = variables["__inference_service_adapter"]["layout"]["instances"]
     status = {"LoadState": "loaded", "ActiveState": "active", "UnitFileState": "enabled"}
     units = {"results": [{"__instance": i, "status": status} for i in instances]}
     answers = {"results": [{"__instance": instances[0], "status": 200},

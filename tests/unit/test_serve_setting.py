@@ -43,7 +43,7 @@ PLAYBOOK = """
           parallel: "{{ inference_service_parallel | int }}"
           continuous_batching: "{{ inference_service_continuous_batching | bool }}"
           layout: "{{ inference_service_layout }}"
-          engines: "{{ __inference_service_units }}"
+          engines: "{{ __inference_service_engines.units }}"
 """
 
 BAD = {"engine": "llama_cpp", "format": "q3_k", "gguf_type": "q3_k", "threads": 2, "cpus": "0 1", "tuned": True}
