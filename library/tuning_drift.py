@@ -140,6 +140,34 @@ options:
           of its own); every row is then C(n/a) with this reason. Empty to compare.
         type: str
         default: ""
+  service:
+    description:
+      - The inference service's drift check (roles/inference_service/tasks/verify.yml) as it read it; adds, per
+        engine, rows C(<name>.answers) (a chat completion), C(<name>.started_after_files) (no file changed since
+        the engine started) and C(<name>.unit) (as O(units)), C(<name>) being C(inference_service), or
+        C(inference_service@<node>) with one engine per NUMA node; with no engine deployed, one C(n/a) row.
+    type: dict
+    suboptions:
+      instances:
+        description: The service's engines (C(unit) and C(node) of each), as module C(engine_adapter) decides them.
+        type: list
+        elements: dict
+        required: true
+      units:
+        description: The results of C(ansible.builtin.systemd_service) over them, each with its C(__instance).
+        type: list
+        elements: dict
+        default: []
+      answers:
+        description: The results of the chat completion asked of each deployed engine, each with its C(__instance).
+        type: list
+        elements: dict
+        default: []
+      stale:
+        description: The results of C(unit-inputs.sh stale) for the same engines, in the same order.
+        type: list
+        elements: dict
+        default: []
   rows:
     description:
       - Rows compared by the caller, each with C(setting), C(wanted), C(actual) (str) and C(status)
@@ -173,7 +201,7 @@ EXAMPLES = r"""
 
 RETURN = r"""
 rows:
-  description: Every row, O(rows) first, then O(files), O(sysctl_files), O(units), O(settings), the swap rows,
+  description: Every row, O(rows) and the rows of O(service) first, then O(files), O(sysctl_files), O(units), O(settings), the swap rows,
     then O(boot_params).
   returned: always
   type: list
@@ -203,7 +231,7 @@ import os
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.llmtune_cmdline import (CmdlineError, effect_path, format_param, param_key, same_effect,
                                                   split_kernel_params)
-from ansible.module_utils.llmtune_drift import PENDING, STATUSES
+from ansible.module_utils.llmtune_drift import PENDING, STATUSES, service_rows
 from ansible.module_utils.llmtune_sysctl import describe, overriding_assignments
 from ansible.module_utils.llmtune_sysfs import (has_capability, is_fstab_swap_line, kernel_value, parse_proc_swaps,
                                                 read_text, sysroot_path)
@@ -402,6 +430,12 @@ def main():
                 "status": {"type": "dict", "required": True},
             }},
             "rows": {"type": "list", "elements": "dict", "default": []},
+            "service": {"type": "dict", "options": {
+                "instances": {"type": "list", "elements": "dict", "required": True},
+                "units": {"type": "list", "elements": "dict", "default": []},
+                "answers": {"type": "list", "elements": "dict", "default": []},
+                "stale": {"type": "list", "elements": "dict", "default": []},
+            }},
             "boot_params": {"type": "dict", "options": {
                 "set": {"type": "dict", "default": {}},
                 "remove": {"type": "list", "elements": "str", "default": []},
@@ -415,7 +449,13 @@ def main():
     params = module.params
     sysroot = params["sysroot"]
     rows = []
-    for given in params["rows"]:
+    given_rows, units = params["rows"], params["units"]
+    if params["service"]:
+        service = params["service"]
+        service_units, service_given = service_rows(service["instances"], service["units"], service["answers"],
+                                                    service["stale"])
+        given_rows, units = given_rows + service_given, units + service_units
+    for given in given_rows:
         missing = [key for key in COLUMNS if key not in given]
         if missing or given["status"] not in STATUSES or (given["status"] == "n/a" and not given.get("reason")):
             module.fail_json(msg="bad drift row %r: needs setting, wanted, actual, status (%s) "
@@ -423,7 +463,7 @@ def main():
         rows.append(row(*(str(given[key]) for key in COLUMNS), reason=str(given.get("reason") or "")))
     rows += [compare_file(sysroot, f["name"], f["path"], f["content"]) for f in params["files"]]
     rows += [compare_sysctl_order(sysroot, f["name"], f["path"], f["settings"]) for f in params["sysctl_files"]]
-    rows += [compare_unit(u["name"], u["status"]) for u in params["units"]]
+    rows += [compare_unit(u["name"], u["status"]) for u in units]
     rows += [compare_setting(sysroot, s["key"], s["path"], s["value"]) for s in params["settings"]]
     if params["swap_off"]:
         rows.append(compare_swap(sysroot))

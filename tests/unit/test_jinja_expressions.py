@@ -962,30 +962,6 @@ def test_the_report_gives_each_engines_share():
             ) in text.splitlines()
 
 
-def test_verify_gives_each_engine_its_rows():
-    variables = service_vars("qemu-2node", permitted=True, inference_service_layout="per_node")
-    instances = variables["__inference_service_adapter"]["layout"]["instances"]
-    status = {"LoadState": "loaded", "ActiveState": "active", "UnitFileState": "enabled"}
-    units = {"results": [{"__instance": i, "status": status} for i in instances]}
-    answers = {"results": [{"__instance": instances[0], "status": 200},
-                           {"__instance": instances[1], "status": -1, "msg": "Connection refused"}]}
-    stale = {"results": [{"stdout_lines": []}, {"stdout_lines": ["/opt/llmtune/models/m.gguf"]}]}
-    tsk = task("roles/inference_service/tasks/verify.yml", "Compare the service with what it should be")
-    resolved = task_vars(tsk, __inference_service_verify_unit=units, __inference_service_verify_answer=answers,
-                         __inference_service_verify_stale=stale, **variables)
-    args = render_tree(tsk["tuning_drift"], **resolved)
-    assert [u["name"] for u in args["units"]] == ["inference_service@0.unit", "inference_service@1.unit"]
-    assert [(r["setting"], r["status"]) for r in args["rows"]] == [
-        ("inference_service@0.answers", "ok"), ("inference_service@0.started_after_files", "ok"),
-        ("inference_service@1.answers", "drift"), ("inference_service@1.started_after_files", "drift")]
-    # Not deployed: one n/a row naming the engines looked for.
-    resolved = task_vars(tsk, __inference_service_verify_unit={"results": [
-        {"__instance": i, "status": {"LoadState": "not-found"}} for i in instances]}, **variables)
-    args = render_tree(tsk["tuning_drift"], **resolved)
-    assert args["units"] == [] and [r["actual"] for r in args["rows"]] == [
-        "no llm-inference@0.service or llm-inference@1.service"]
-
-
 WANTED = {"cpus": "0 1", "threads": 2, "size_mb": 1024}
 UNSETTLED = {"bandwidth_gb_s": 31.0, "probe": {"stable": False}, "wanted": WANTED}
 STORED_PROBE = {"bandwidth_gb_s": 32.4, "probe": {"stable": True}, "wanted": WANTED}

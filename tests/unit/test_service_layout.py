@@ -11,6 +11,7 @@ from conftest import FIXTURES
 
 from ansible.module_utils.llmtune_service_layout import INPUTS, LayoutError, layout
 from test_engines import run_module
+from test_tuning_drift import run as run_drift
 
 # The role's defaults (roles/inference_service/defaults/main.yml) as the role passes them, with the topology's
 # recommendation for a host of two CPUs.
@@ -144,3 +145,34 @@ def test_the_module_returns_the_layout_and_names_a_bad_port(capsys):
     assert result["failed"] and result["msg"].startswith("engine_adapter: inference_service_proxy_port must be")
     result = run_module({"engine": "llama_cpp", "layout": {"name": "x"}}, capsys)
     assert result["failed"] and result["msg"].startswith("engine_adapter: layout needs cpu_affinity, firewall_ports")
+
+
+def test_the_drift_check_gives_each_engine_its_rows(capsys):
+    """roles/inference_service/tasks/verify.yml hands tuning_drift what its loops over the engines read."""
+    instances = layout(dict(DEFAULTS, layout="per_node"), topology("qemu-2node"))["instances"]
+    status = {"LoadState": "loaded", "ActiveState": "active", "UnitFileState": "enabled"}
+    service = {"instances": instances,
+               "units": [{"__instance": i, "status": status} for i in instances],
+               "answers": [{"__instance": instances[0], "status": 200},
+                           {"__instance": instances[1], "status": -1, "msg": "Connection refused"}],
+               "stale": [{"stdout_lines": []}, {"stdout_lines": ["/opt/llmtune/models/m.gguf"]}]}
+    result = run_drift({"service": service}, capsys)
+    assert [(r["setting"], r["status"]) for r in result["rows"]] == [
+        ("inference_service@0.answers", "ok"), ("inference_service@0.started_after_files", "ok"),
+        ("inference_service@1.answers", "drift"), ("inference_service@1.started_after_files", "drift"),
+        ("inference_service@0.unit", "ok"), ("inference_service@1.unit", "ok")]
+    assert result["rows"][2]["actual"] == "HTTP -1 Connection refused"
+    assert result["rows"][3]["actual"] == "changed since: /opt/llmtune/models/m.gguf"
+    assert result["drift"] == ["inference_service@1.answers", "inference_service@1.started_after_files"]
+    # Not deployed: one n/a row naming the engines looked for.
+    missing = [{"__instance": i, "status": {"LoadState": "not-found"}} for i in instances]
+    result = run_drift({"service": {"instances": instances, "units": missing}}, capsys)
+    assert [(r["setting"], r["actual"], r["status"]) for r in result["rows"]] == [
+        ("inference_service", "no llm-inference@0.service or llm-inference@1.service", "n/a")]
+    # One engine: the rows are inference_service.*.
+    single = layout(DEFAULTS, topology("qemu-2node"))["instances"]
+    result = run_drift({"service": {"instances": single, "units": [{"__instance": single[0], "status": status}],
+                                    "answers": [{"__instance": single[0], "status": 200}],
+                                    "stale": [{"stdout_lines": []}]}}, capsys)
+    assert [r["setting"] for r in result["rows"]] == ["inference_service.answers",
+                                                      "inference_service.started_after_files", "inference_service.unit"]
