@@ -105,10 +105,11 @@ def test_transformers_serve_command(batching, flag):
                                   " --host 127.0.0.1 --port 8000 --dtype bfloat16" + flag)
 
 
-def run_module(args, capsys):
+def run_module(args, capsys, module=engine_adapter):
+    """MODULE's return (a module of library/) for ARGS."""
     with patch_module_args(args):
         with pytest.raises(SystemExit):
-            engine_adapter.main()
+            module.main()
     return json.loads(capsys.readouterr().out)
 
 
@@ -131,7 +132,7 @@ def service_unit(engine, layout, **changes):
                                         port="${LLMTUNE_PORT}" if template else 8000),
                         instances if template else [])
     variables.update(ansible_managed="managed", __inference_service_model_path=model, __inference_service_allocator_lib="",
-                     __inference_service_mlock_bytes=0, __inference_service_engine_unit={"unit": unit},
+                     __inference_service_mlock={"bytes": 0, "skipped": ""}, __inference_service_engine_unit={"unit": unit},
                      __inference_service_adapter=dict(variables["__inference_service_adapter"],
                                                       engine=engines.adapter(engine).facts("Debian", model)),
                      ansible_facts=dict(variables["ansible_facts"], systemd={"version": 252}))
