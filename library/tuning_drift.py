@@ -201,8 +201,8 @@ EXAMPLES = r"""
 
 RETURN = r"""
 rows:
-  description: Every row, O(rows) and the rows of O(service) first, then O(files), O(sysctl_files), O(units), O(settings), the swap rows,
-    then O(boot_params).
+  description: Every row, O(rows) and the answer and file rows of O(service) first, then O(files),
+    O(sysctl_files), O(units) with the unit rows of O(service), O(settings), the swap rows, then O(boot_params).
   returned: always
   type: list
   elements: dict

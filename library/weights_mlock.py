@@ -15,7 +15,7 @@ description:
     (systemd.exec(5) C(LimitMEMLOCK=), setrlimit(2)). So the module starts C(grep Max locked memory /proc/self/limits)
     in a transient unit with that limit (C(systemd-run --wait --pipe)), also in check mode, since it changes nothing.
   - RV(bytes) is 0, and RV(skipped) says why, when the engine cannot lock its weights, the operator said no, the
-    file is not on the host yet (check mode) or systemd could not raise the limit.
+    file is not on the host yet (check mode), or systemd could not raise the limit (or C(systemd-run) is missing).
 options:
   path:
     description: The weights file on the host (the GGUF file).
@@ -97,7 +97,11 @@ def main():
     if not os.path.exists(params["path"]):
         module.exit_json(changed=False, bytes=0, skipped="the GGUF file is not on the host yet (check mode)")
     want = wanted_bytes(os.path.getsize(params["path"]))
-    rc, out, err = module.run_command(["systemd-run", "--wait", "--pipe", "--quiet", "--collect",
+    systemd_run = module.get_bin_path("systemd-run")
+    if not systemd_run:
+        module.exit_json(changed=False, bytes=0, skipped="systemd-run is not on this host, so the limit systemd may "
+                                                         "set is not known")
+    rc, out, err = module.run_command([systemd_run, "--wait", "--pipe", "--quiet", "--collect",
                                        f"--property=LimitMEMLOCK={want}", "grep", "Max locked memory",
                                        "/proc/self/limits"])
     if rc == 0 and granted(out, want):

@@ -22,6 +22,15 @@ class LayoutError(ValueError):
         super().__init__(f"{name} must be {rule} (got {json.dumps(value)})")
 
 
+def _int(v, key, rule):
+    """V[KEY] as an int, or a LayoutError naming the role variable (a value no argument spec checked: tasks_from
+    unit or verify)."""
+    try:
+        return int(v[key])
+    except (TypeError, ValueError):
+        raise LayoutError("inference_service_" + key, rule, v[key]) from None
+
+
 def _flag(value):
     return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
 
@@ -32,19 +41,19 @@ def engines(v, topology):
     (nginx admits inference_service_max_concurrent requests for all of them, so a KV cache of every slot on each
     would sit unused). Memory is bound per node only where set_mempolicy(2) is allowed (numa_policy_permitted)."""
     nodes = ((topology or {}).get("recommended") or {}).get("per_node") or []
-    parallel = int(v["parallel"])
+    parallel = _int(v, "parallel", ">= 1")
     if v["layout"] == "per_node" and _flag(v["tuned"]) and len(nodes) > 1:
         bind = (topology or {}).get("numa_policy_permitted") is True
         count = len(nodes)
         return [{"unit": f"{v['name']}@{node['numa_node']}.service", "node": node["numa_node"],
-                 "port": int(v["port"]) + index, "cpus": " ".join(str(cpu) for cpu in node["cpus"]),
+                 "port": _int(v, "port", "1-65535") + index, "cpus": " ".join(str(cpu) for cpu in node["cpus"]),
                  "threads": node["threads"], "numa_policy": "bind" if bind else "",
                  "numa_mask": " ".join(str(m) for m in node["memory_nodes"]) if bind else "",
                  "slots": (parallel + count - 1) // count}
                 for index, node in enumerate(nodes)]
-    return [{"unit": f"{v['name']}.service", "node": None, "port": int(v["port"]), "cpus": v["cpu_affinity"],
-             "threads": int(v["threads"]), "numa_policy": v["numa_policy"], "numa_mask": v["numa_mask"],
-             "slots": parallel}]
+    return [{"unit": f"{v['name']}.service", "node": None, "port": _int(v, "port", "1-65535"),
+             "cpus": v["cpu_affinity"], "threads": _int(v, "threads", ">= 0 (0: the topology's recommendation)"),
+             "numa_policy": v["numa_policy"], "numa_mask": v["numa_mask"], "slots": parallel}]
 
 
 def layout(v, topology=None):
@@ -60,13 +69,18 @@ def layout(v, topology=None):
     host = v["listen"] if loopback else "127.0.0.1"
     base = "http://" + (f"[{host}]" if ":" in host else host)
     # Each firewall port and the next ones, one per engine: each engine's direct-run twin.
-    twins = [int(port) + index for port in v["firewall_ports"] for index in range(len(instances))]
-    if not 1 <= int(v["port"]) <= 65535:
+    try:
+        twins = [int(port) + index for port in v["firewall_ports"] for index in range(len(instances))]
+    except (TypeError, ValueError):
+        raise LayoutError("inference_service_engine_firewall_ports", "a list of ports 1-65535",
+                          v["firewall_ports"]) from None
+    if not 1 <= _int(v, "port", "1-65535") <= 65535:
         raise LayoutError("inference_service_port", "1-65535", v["port"])
     if max(ports) > 65535:
         raise LayoutError("inference_service_port", "low enough for one more port per engine (one engine per NUMA "
                           "node with per_node), up to 65535", v["port"])
-    if not 1 <= int(v["proxy_port"]) <= 65535 or int(v["proxy_port"]) in ports:
+    proxy_port = _int(v, "proxy_port", "1-65535")
+    if not 1 <= proxy_port <= 65535 or proxy_port in ports:
         raise LayoutError("inference_service_proxy_port", "1-65535, other than the engines' ports "
                           "(inference_service_port, and one more per NUMA node with per_node)", v["proxy_port"])
     if set(twins) & set(ports):

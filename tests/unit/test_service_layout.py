@@ -11,6 +11,7 @@ from conftest import FIXTURES
 
 from ansible.module_utils.llmtune_service_layout import INPUTS, LayoutError, layout
 from test_engines import run_module
+from test_jinja_expressions import render, service_vars, task
 from test_tuning_drift import run as run_drift
 
 # The role's defaults (roles/inference_service/defaults/main.yml) as the role passes them, with the topology's
@@ -28,6 +29,26 @@ def topology(fixture, permitted=True, root=None):
 
 def test_the_inputs_are_the_role_variables_the_role_passes():
     assert set(DEFAULTS) == set(INPUTS)
+    passed = task("roles/inference_service/tasks/adapter.yml", "Read the engine's adapter and decide the service's engines")
+    assert {key: value.strip("{} ") for key, value in passed["engine_adapter"]["layout"].items()} == {
+        key: "inference_service_" + ("engine_" + key if key == "firewall_ports" else key) for key in INPUTS}
+
+
+@pytest.mark.parametrize("fixture, layout_name, cpus, threads", [
+    ("qemu-2node", "single", "0", 1), ("epyc-1socket", "per_node", "0 1 2 3 4 5 6 7", 8),
+    ("power9-lpar-memless", "per_node", "0 4", 2)])
+def test_one_engine_runs_on_the_topologys_recommendation(fixture, layout_name, cpus, threads):
+    """Through the role's defaults (roles/inference_service/defaults/main.yml) as the adapter's task passes them."""
+    engines = service_vars(fixture, permitted=True, inference_service_layout=layout_name)["__inference_service_adapter"]
+    assert [(i["cpus"], i["threads"], i["slots"]) for i in engines["layout"]["instances"]] == [(cpus, threads, 4)]
+
+
+@pytest.mark.parametrize("key, value, name", [("port", "eighty", "inference_service_port"),
+                                              ("parallel", None, "inference_service_parallel"),
+                                              ("firewall_ports", ["x"], "inference_service_engine_firewall_ports")])
+def test_a_value_that_is_no_number_is_named(key, value, name):
+    with pytest.raises(LayoutError, match=f"^{name} must be "):
+        layout(dict(DEFAULTS, **{key: value}), topology("qemu-2node"))
 
 
 @pytest.mark.parametrize("fixture, layout_name, permitted, expected", [
@@ -156,6 +177,12 @@ def test_the_drift_check_gives_each_engine_its_rows(capsys):
                "answers": [{"__instance": instances[0], "status": 200},
                            {"__instance": instances[1], "status": -1, "msg": "Connection refused"}],
                "stale": [{"stdout_lines": []}, {"stdout_lines": ["/opt/llmtune/models/m.gguf"]}]}
+    # verify.yml hands on the answers without the requests' headers, which hold the engine key.
+    registered = {"results": [dict(a, invocation={"module_args": {"headers": {"Authorization": "Bearer key"}}},
+                                   json={"choices": []}) for a in service["answers"]]}
+    passed = task("roles/inference_service/tasks/verify.yml", "Compare the service with what it should be")
+    assert render(passed["tuning_drift"]["service"]["answers"], __inference_service_verify_answer=registered) == \
+        service["answers"]
     result = run_drift({"service": service}, capsys)
     assert [(r["setting"], r["status"]) for r in result["rows"]] == [
         ("inference_service@0.answers", "ok"), ("inference_service@0.started_after_files", "ok"),
