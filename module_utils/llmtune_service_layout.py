@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import re
 
+from ansible.module_utils.parsing.convert_bool import boolean
+
 LOOPBACK = re.compile(r"^(127\.[0-9.]+|::1|localhost)$")
 
 # The role variables a layout is decided from (module engine_adapter's option `layout`), without their prefix.
@@ -31,10 +33,6 @@ def _int(v, key, rule):
         raise LayoutError("inference_service_" + key, rule, v[key]) from None
 
 
-def _flag(value):
-    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
-
-
 def engines(v, topology):
     """The engines of the layout: per_node puts one on each NUMA node with usable cores (cpu_topology's
     recommended.per_node) where there are two or more, and splits the host's slots evenly between them, rounded up
@@ -42,7 +40,7 @@ def engines(v, topology):
     would sit unused). Memory is bound per node only where set_mempolicy(2) is allowed (numa_policy_permitted)."""
     nodes = ((topology or {}).get("recommended") or {}).get("per_node") or []
     parallel = _int(v, "parallel", ">= 1")
-    if v["layout"] == "per_node" and _flag(v["tuned"]) and len(nodes) > 1:
+    if v["layout"] == "per_node" and boolean(v["tuned"], strict=False) and len(nodes) > 1:
         bind = (topology or {}).get("numa_policy_permitted") is True
         count = len(nodes)
         return [{"unit": f"{v['name']}@{node['numa_node']}.service", "node": node["numa_node"],
